@@ -1,0 +1,253 @@
+"""Typed run configuration: a YAML file plus dotted ``key=value`` overrides.
+
+In:  a YAML path, a list of ``section.key=value`` strings, and a lookup from task name to the
+     task's own settings class (so ``pipelines/`` never imports ``tasks/``).
+Out: a frozen, validated :class:`RunConfig` whose ``task_options`` field holds the task's
+     settings (written in YAML under a section named after the task, e.g. ``qa:``).
+
+Every problem is a :class:`ConfigError` naming the key, the file (or the command line) and,
+for unknown keys, the closest valid key. One schema library (pydantic) does the validation.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message says where and why."""
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class TaskOptions(Section):
+    """Settings a task adds under its own section; tasks subclass this."""
+
+
+class ModelConfig(Section):
+    name_or_path: str | None = None
+    """Hub id, mirror id or local folder (a finished bertpipe run works too)."""
+    tokenizer_name_or_path: str | None = None
+    revision: str | None = None
+    # Architecture for from-scratch models (used when name_or_path is unset): keys of the
+    # model family's config class, e.g. num_hidden_layers, hidden_size, vocab_size.
+    model_type: str = "bert"
+    architecture: dict[str, Any] = Field(default_factory=dict)
+    dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
+    """Overrides the checkpoint's hidden and attention dropout when set."""
+    peft: dict[str, Any] | None = None
+
+
+class DataConfig(Section):
+    path: str | None = None
+    """Hub dataset id or local folder; ignored when ``files`` is given."""
+    name: str | None = None
+    """Dataset configuration name (e.g. ``mrpc`` for ``nyu-mll/glue``)."""
+    files: dict[str, str | list[str]] | None = None
+    """Split name -> local file(s): csv, tsv, json, jsonl, parquet or txt."""
+    train_split: str = "train"
+    eval_split: str = "validation"
+    validation_fraction: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """Hold out this share of the train split when the data has no eval split."""
+    max_train_samples: int | None = Field(default=None, gt=0)
+    max_eval_samples: int | None = Field(default=None, gt=0)
+    max_seq_length: int = Field(default=128, gt=0)
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    preprocessing_num_workers: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _needs_a_source(self) -> "DataConfig":
+        if self.path is None and not self.files:
+            raise ValueError("set data.path (a Hub id or folder) or data.files (split -> file)")
+        return self
+
+
+class TrainConfig(Section):
+    num_epochs: float = Field(default=3.0, gt=0)
+    max_steps: int | None = Field(default=None, gt=0)
+    """Optimizer updates; when set it overrides ``num_epochs``."""
+    learning_rate: float = Field(default=5e-5, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    adam_beta1: float = Field(default=0.9, gt=0, lt=1)
+    adam_beta2: float = Field(default=0.999, gt=0, lt=1)
+    adam_epsilon: float = Field(default=1e-8, gt=0)
+    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    warmup_steps: int | None = Field(default=None, ge=0)
+    warmup_fraction: float = Field(default=0.0, ge=0, lt=1)
+    """Share of the optimizer updates spent warming up (ignored when warmup_steps is set)."""
+    batch_size: int = Field(default=32, gt=0)
+    """Examples per process per forward pass."""
+    eval_batch_size: int | None = Field(default=None, gt=0)
+    gradient_accumulation_steps: int = Field(default=1, gt=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    group_by_length: bool = True
+    """Batch examples of similar length together (batches still come in random order)."""
+    logging_steps: int = Field(default=10, gt=0)
+    eval_steps: int | None = Field(default=None, gt=0)
+    """Evaluate every N optimizer updates (and always at the end)."""
+    save_steps: int | None = Field(default=None, gt=0)
+    """Checkpoint every N optimizer updates; unset means no intermediate checkpoints."""
+    save_total_limit: int | None = Field(default=2, gt=0)
+    resume_from_checkpoint: str | None = None
+    """A checkpoint folder, or ``latest`` for the newest complete one in ``output_dir``."""
+    early_stopping_patience: int | None = Field(default=None, gt=0)
+    metric_for_best_model: str | None = None
+    """e.g. ``eval_accuracy``; enables best-model selection (and early stopping with a patience)."""
+    greater_is_better: bool | None = None
+    load_best_model_at_end: bool = False
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml"]] = Field(
+        default_factory=list
+    )
+    dataloader_num_workers: int = Field(default=0, ge=0)
+    torch_num_threads: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _best_model_needs_metric(self) -> "TrainConfig":
+        if (self.load_best_model_at_end or self.early_stopping_patience) and not self.metric_for_best_model:
+            raise ValueError("load_best_model_at_end and early_stopping_patience need train.metric_for_best_model")
+        if self.early_stopping_patience and not self.eval_steps:
+            raise ValueError("early_stopping_patience needs train.eval_steps (evaluations to be patient over)")
+        return self
+
+
+class HubConfig(Section):
+    push: bool = False
+    repo_id: str | None = None
+    private: bool = True
+
+
+class RunConfig(Section):
+    task: str
+    output_dir: str
+    seed: int = 42
+    overwrite: bool = False
+    """Allow writing into an ``output_dir`` that already holds a finished run."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    hub: HubConfig = Field(default_factory=HubConfig)
+    task_options: TaskOptions = Field(default_factory=TaskOptions, exclude=True)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The resolved config in the same shape as the YAML it came from."""
+        resolved = self.model_dump(mode="json", exclude={"task_options"})
+        resolved[self.task] = self.task_options.model_dump(mode="json")
+        return resolved
+
+
+def parse_override(override: str) -> tuple[list[str], Any]:
+    """``train.max_steps=10`` -> (["train", "max_steps"], 10); the value is read as YAML."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form section.key=value")
+    dotted, raw_value = override.split("=", 1)
+    keys = dotted.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"override {override!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"override {override!r}: value is not valid YAML ({error})") from error
+    return keys, value
+
+
+def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[keys[-1]] = value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections at the top level")
+    return tree
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] = (),
+    task_options_for: Callable[[str], type[TaskOptions]] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+) -> RunConfig:
+    """Read YAML (or start from ``base``), apply overrides, validate against the task's schema."""
+    source = str(path) if path is not None else "the saved run config"
+    tree = read_yaml(path) if path is not None else dict(base or {})
+    override_keys: set[tuple[str, ...]] = set()
+    for override in overrides:
+        keys, value = parse_override(override)
+        _set_dotted(tree, keys, value)
+        override_keys.add(tuple(keys))
+
+    task_name = tree.get("task")
+    options_cls = TaskOptions
+    if task_options_for is not None and isinstance(task_name, str):
+        try:
+            options_cls = task_options_for(task_name)
+        except KeyError as error:
+            raise ConfigError(f"{source}: task: {error.args[0]}") from error
+    if isinstance(task_name, str) and task_name in tree:
+        tree["task_options"] = tree.pop(task_name)
+    schema = create_model(f"RunConfig_{task_name}", __base__=RunConfig, task_options=(options_cls, options_cls()))
+    try:
+        return schema.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, schema, source, override_keys, task_name)) from None
+
+
+def _describe(error: ValidationError, schema: type[BaseModel], source: str, override_keys: set, task_name) -> str:
+    lines = []
+    for problem in error.errors():
+        location = [str(part) for part in problem["loc"]]
+        shown = [task_name if part == "task_options" else part for part in location]
+        dotted = ".".join(shown) or "(top level)"
+        where = "the command line" if tuple(shown) in override_keys else source
+        if problem["type"] == "extra_forbidden":
+            valid = _valid_keys(schema, location[:-1], task_name)
+            close = difflib.get_close_matches(location[-1], valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {'.'.join(shown[:-1] + close)!r}?" if close else ""
+            lines.append(f"unknown key {dotted!r} in {where}{hint} (valid here: {', '.join(sorted(valid))})")
+        elif problem["type"] == "missing":
+            lines.append(f"missing required key {dotted!r} in {where}")
+        else:
+            got = problem.get("input")
+            lines.append(f"bad value for {dotted!r} in {where}: {problem['msg']} (got {got!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _valid_keys(schema: type[BaseModel], location: list[str], task_name) -> list[str]:
+    model = schema
+    for part in location:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            return []
+    keys = [name for name in model.model_fields if name != "task_options"]
+    if model is schema and task_name:
+        keys.append(str(task_name))
+    return keys

@@ -1,0 +1,113 @@
+"""Raw datasets for any task: Hub ids (through the mirror), local folders and local files.
+
+In:  a :class:`~pipelines.config.DataConfig` (``path``/``name`` or ``files``, split names, sampling).
+Out: a ``DatasetDict`` holding at least the train and eval splits, each non-empty, sampled to
+     ``max_train_samples`` / ``max_eval_samples``, with a held-out eval split carved from train
+     when the data has none and ``validation_fraction`` is set.
+
+Tasks with their own file formats (CoNLL columns, nested SQuAD JSON) read them themselves and
+hand the result to :func:`finalize_splits` so that sampling and checks stay in one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import datasets
+from datasets import Dataset, DatasetDict
+
+from pipelines.config import DataConfig
+from pipelines.hub import resolve_dataset
+
+
+class DataError(ValueError):
+    """Input data that cannot be used as configured; the message names the file/split/column."""
+
+
+_BUILDER_BY_SUFFIX = {
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t"}),
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".parquet": ("parquet", {}),
+    ".txt": ("text", {}),
+}
+
+
+def builder_for_files(files: dict[str, str | list[str]]) -> tuple[str, dict]:
+    """The ``datasets`` builder and its options for a set of local files (one format at a time)."""
+    suffixes = {Path(path).suffix.lower() for paths in files.values() for path in _as_list(paths)}
+    unknown = suffixes - set(_BUILDER_BY_SUFFIX)
+    if unknown:
+        raise DataError(f"data.files: unsupported file type(s) {sorted(unknown)}; use one of {sorted(_BUILDER_BY_SUFFIX)}")
+    formats = {(_BUILDER_BY_SUFFIX[s][0], tuple(_BUILDER_BY_SUFFIX[s][1].items())) for s in suffixes}
+    if len(formats) != 1:
+        raise DataError(f"data.files mixes formats {sorted(suffixes)}; give all splits in one format")
+    builder, options = formats.pop()
+    return builder, dict(options)
+
+
+def _as_list(paths: str | list[str]) -> list[str]:
+    return [paths] if isinstance(paths, str) else list(paths)
+
+
+def check_files_exist(files: dict[str, str | list[str]]) -> None:
+    for split, paths in files.items():
+        for path in _as_list(paths):
+            if not Path(path).is_file():
+                raise DataError(f"data.files.{split}: file {path} does not exist")
+
+
+def load_raw(data: DataConfig) -> DatasetDict:
+    """Load the configured data as a DatasetDict of raw examples (no sampling yet)."""
+    if data.files:
+        check_files_exist(data.files)
+        builder, options = builder_for_files(data.files)
+        files = {split: _as_list(paths) for split, paths in data.files.items()}
+        return datasets.load_dataset(builder, data_files=files, **options)
+    source = resolve_dataset(data.path)
+    return datasets.load_dataset(source, data.name)
+
+
+def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train: bool = True) -> DatasetDict:
+    """Check splits exist and are non-empty, carve a held-out split if asked, then sample."""
+    raw = DatasetDict(raw)
+    if data.eval_split not in raw and data.validation_fraction and data.train_split in raw:
+        held_out = raw[data.train_split].train_test_split(test_size=data.validation_fraction, seed=seed)
+        raw[data.train_split], raw[data.eval_split] = held_out["train"], held_out["test"]
+    wanted = [data.train_split, data.eval_split] if need_train else [data.eval_split]
+    for split in wanted:
+        if split not in raw:
+            hint = " (or set data.validation_fraction to hold out part of train)" if split == data.eval_split else ""
+            raise DataError(f"split {split!r} not found; the data has {sorted(raw)}{hint}")
+    limits = {data.train_split: data.max_train_samples, data.eval_split: data.max_eval_samples}
+    for split, limit in limits.items():
+        if split in raw and limit is not None and limit < len(raw[split]):
+            raw[split] = raw[split].select(range(limit))
+    for split in wanted:
+        if len(raw[split]) == 0:
+            raise DataError(f"split {split!r} is empty")
+    return DatasetDict({split: raw[split] for split in wanted})
+
+
+def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str) -> None:
+    """Fail with the available columns when a configured column is missing."""
+    missing = [column for column in columns if column is not None and column not in dataset.column_names]
+    if missing:
+        raise DataError(
+            f"split {split!r} has no column(s) {missing}; available columns: {dataset.column_names}. "
+            "Set the data.*_column keys to map yours."
+        )
+
+
+def read_inputs(path: str | Path) -> Dataset:
+    """Inputs for ``bertpipe predict``: jsonl/json, csv/tsv, parquet, or txt (one ``text`` per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"input file {path} does not exist")
+    builder, options = builder_for_files({"input": str(path)})
+    loaded = datasets.load_dataset(builder, data_files={"input": [str(path)]}, **options)["input"]
+    if len(loaded) == 0:
+        raise DataError(f"input file {path} holds no examples")
+    return loaded

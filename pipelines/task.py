@@ -1,0 +1,71 @@
+"""The interface every task implements; the loop, evaluation and CLI call only these methods.
+
+A task object is built from the resolved :class:`~pipelines.config.RunConfig` and is called in
+this order:
+
+    load()                       -> DatasetDict of raw examples (train + eval split)
+    build_tokenizer(raw)         -> fast tokenizer (raw is None when loading a finished run)
+    build_model(raw)             -> PreTrainedModel whose forward returns ``.loss`` given labels
+    preprocess(examples, train=) -> model features (QA: one example -> many windows)
+    collator(train=)             -> batch padding; MLM masking lives here
+    predict_step(model, batch)   -> dict of tensors (batch-first) to gather across processes
+    postprocess(outputs, features, examples) -> predictions at the example level
+    compute_metrics(predictions, examples)   -> flat {name: float} (no ``eval_`` prefix)
+    format_predictions(predictions, examples) -> one JSON-able dict per example (``bertpipe predict``)
+
+There is no training hook: ``model(**batch).loss`` is the whole training step. Shared helpers are
+plain functions in ``pipelines/``; tasks do not inherit implementation from each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Protocol
+
+import torch
+from datasets import Dataset, DatasetDict
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipelines.config import RunConfig, TaskOptions
+
+
+class Task(Protocol):
+    name: ClassVar[str]
+    """Registry key, equal to ``task:`` in the YAML."""
+    Options: ClassVar[type[TaskOptions]]
+    """The task's own settings, written under a YAML section named after the task."""
+    pipeline_tag: ClassVar[str]
+    """The ``transformers.pipeline`` task name a finished run serves (also the Hub tag)."""
+    output_pad_values: ClassVar[dict[str, float]]
+    """Pad value per ``predict_step`` output when batches of different lengths are joined."""
+    higher_is_better: ClassVar[dict[str, bool]]
+    """Direction of each metric, for best-model selection."""
+
+    config: RunConfig
+    tokenizer: PreTrainedTokenizerBase | None
+
+    def __init__(self, config: RunConfig) -> None: ...
+
+    def load(self) -> DatasetDict: ...
+
+    def load_inputs(self, path: str) -> Dataset: ...
+
+    def build_tokenizer(self, raw: DatasetDict | None, model_path: str | None = None) -> PreTrainedTokenizerBase: ...
+
+    def build_model(self, raw: DatasetDict | None, model_path: str | None = None) -> PreTrainedModel: ...
+
+    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset: ...
+
+    def collator(self, *, train: bool) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]: ...
+
+    def predict_step(self, model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def postprocess(self, outputs: dict[str, Any], features: Dataset, examples: Dataset) -> Any: ...
+
+    def compute_metrics(self, predictions: Any, examples: Dataset) -> dict[str, float]: ...
+
+    def format_predictions(self, predictions: Any, examples: Dataset) -> list[dict[str, Any]]: ...
+
+    def save_artifacts(self, predictions: Any, examples: Dataset, run_dir: str) -> None: ...
+
+
+TaskFactory = Callable[[RunConfig], Task]
