@@ -91,7 +91,9 @@ class TrainConfig(Section):
     eval_batch_size: int | None = Field(default=None, gt=0)
     gradient_accumulation_steps: int = Field(default=1, gt=0)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """``auto`` = bf16 where the hardware computes it natively (CUDA with bf16, CPUs with AVX-512
+    BF16 or AMX), else fp32; bf16 emulated on other CPUs is many times slower than fp32."""
     group_by_length: bool = True
     """Batch examples of similar length together (batches still come in random order)."""
     logging_steps: int = Field(default=10, gt=0)

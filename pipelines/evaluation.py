@@ -9,6 +9,9 @@ Out: the task's example-level predictions and a flat ``{"eval_<name>": value}`` 
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,10 @@ from accelerate import Accelerator
 from datasets import Dataset
 from tqdm.auto import tqdm
 
+from pipelines.batching import eval_dataloader
+from pipelines.config import RunConfig
+from pipelines.outputs import write_json
+from pipelines.runtime import build_accelerator
 from pipelines.task import Task
 
 
@@ -36,8 +43,14 @@ def concat_padded(chunks: list[np.ndarray], pad_value: float) -> np.ndarray:
 
 
 @torch.no_grad()
-def run_predictions(accelerator: Accelerator, model, dataloader, task: Task, *, description: str = "eval") -> dict[str, np.ndarray]:
-    """Forward every feature once across all processes; returns gathered outputs in dataset order."""
+def run_predictions(
+    accelerator: Accelerator, model, dataloader, task: Task, *, order: np.ndarray | None = None, description: str = "eval"
+) -> dict[str, np.ndarray]:
+    """Forward every feature once across all processes; returns gathered outputs in dataset order.
+
+    ``order`` is the feature index of each row in iteration order (the sampler's), when the
+    dataloader does not walk the dataset in order.
+    """
     model.eval()
     collected: dict[str, list[np.ndarray]] = {}
     for batch in tqdm(dataloader, desc=description, disable=not accelerator.is_local_main_process, leave=False):
@@ -48,7 +61,11 @@ def run_predictions(accelerator: Accelerator, model, dataloader, task: Task, *, 
                 tensor = accelerator.pad_across_processes(tensor, dim=1, pad_index=pad_value)
             gathered = accelerator.gather_for_metrics(tensor)
             collected.setdefault(key, []).append(_to_numpy(gathered))
-    return {key: concat_padded(chunks, task.output_pad_values.get(key, -100)) for key, chunks in collected.items()}
+    joined = {key: concat_padded(chunks, task.output_pad_values.get(key, -100)) for key, chunks in collected.items()}
+    if order is not None:
+        inverse = np.argsort(order)
+        joined = {key: array[inverse] for key, array in joined.items()}
+    return joined
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -58,9 +75,9 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def evaluate(
-    accelerator: Accelerator, model, dataloader, task: Task, features: Dataset, examples: Dataset
+    accelerator: Accelerator, model, dataloader, task: Task, features: Dataset, examples: Dataset, *, order: np.ndarray | None = None
 ) -> tuple[Any, dict[str, float]]:
-    outputs = run_predictions(accelerator, model, dataloader, task)
+    outputs = run_predictions(accelerator, model, dataloader, task, order=order)
     count = len(next(iter(outputs.values())))
     if count != len(features):
         raise RuntimeError(f"gathered {count} predictions for {len(features)} features; evaluation lost or repeated some")
@@ -68,3 +85,45 @@ def evaluate(
     metrics = {f"eval_{name}": float(value) for name, value in task.compute_metrics(predictions, examples).items()}
     metrics["eval_samples"] = len(examples)
     return predictions, metrics
+
+
+def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str):
+    accelerator = build_accelerator(config, with_trackers=False)
+    task.build_tokenizer(None, model_path=run_dir)
+    model = task.build_model(None, model_path=run_dir)
+    return accelerator, model
+
+
+def evaluate_run(config: RunConfig, task: Task, run_dir: str) -> dict[str, float]:
+    """Evaluate a finished run on ``data.eval_split``; writes ``eval_<split>.json`` beside the model."""
+    accelerator, model = _prepare_finished_run(config, task, run_dir)
+    with accelerator.main_process_first():
+        examples = task.load(include_train=False)[config.data.eval_split]
+        features = task.preprocess(examples, train=False)
+    loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
+    model, loader = accelerator.prepare(model, loader)
+    started = time.perf_counter()
+    predictions, metrics = evaluate(accelerator, model, loader, task, features, examples, order=sampler.order)
+    metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
+    metrics["num_processes"] = accelerator.num_processes
+    if accelerator.is_main_process:
+        write_json(Path(run_dir) / f"eval_{config.data.eval_split}.json", metrics)
+    return metrics
+
+
+def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, output_path: str) -> int:
+    """Predict every example of ``input_path``; writes one JSON object per line; returns the count."""
+    accelerator, model = _prepare_finished_run(config, task, run_dir)
+    examples = task.load_inputs(input_path)
+    features = task.preprocess(examples, train=False)
+    loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
+    model, loader = accelerator.prepare(model, loader)
+    outputs = run_predictions(accelerator, model, loader, task, order=sampler.order, description="predict")
+    predictions = task.postprocess(outputs, features, examples)
+    rows = task.format_predictions(predictions, examples)
+    if accelerator.is_main_process:
+        Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(output_path, "w") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return len(rows)

@@ -3,7 +3,7 @@
 A task object is built from the resolved :class:`~pipelines.config.RunConfig` and is called in
 this order:
 
-    load()                       -> DatasetDict of raw examples (train + eval split)
+    load(include_train=)         -> DatasetDict of raw examples (train + eval split)
     build_tokenizer(raw)         -> fast tokenizer (raw is None when loading a finished run)
     build_model(raw)             -> PreTrainedModel whose forward returns ``.loss`` given labels
     preprocess(examples, train=) -> model features (QA: one example -> many windows)
@@ -45,7 +45,7 @@ class Task(Protocol):
 
     def __init__(self, config: RunConfig) -> None: ...
 
-    def load(self) -> DatasetDict: ...
+    def load(self, *, include_train: bool = True) -> DatasetDict: ...
 
     def load_inputs(self, path: str) -> Dataset: ...
 

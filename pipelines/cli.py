@@ -1,0 +1,95 @@
+"""The ``bertpipe`` command line.
+
+In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY=VALUE ...]``,
+     ``bertpipe predict RUN_DIR --input FILE --output FILE [KEY=VALUE ...]`` and the tool commands.
+Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
+     (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
+
+The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never
+imports ``tasks/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Callable, Sequence
+
+from pipelines.checkpoint import CheckpointError
+from pipelines.config import ConfigError, RunConfig, load_config
+from pipelines.data import DataError
+from pipelines.hub import HubUnavailableError
+from pipelines.modeling import ModelError
+from pipelines.outputs import OutputDirError, load_saved_config
+from pipelines.task import Task
+
+USER_ERRORS = (ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError, FileNotFoundError)
+
+TaskLookup = Callable[[str], type[Task]]
+
+
+def load_run_config(get_task: TaskLookup, config_path: str | None, overrides: Sequence[str], *, run_dir: str | None = None) -> RunConfig:
+    options_for = lambda name: get_task(name).Options  # noqa: E731
+    if run_dir is not None:
+        return load_config(None, list(overrides), options_for, base=load_saved_config(run_dir))
+    return load_config(config_path, list(overrides), options_for)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertpipe", description="Fine-tune and pretrain BERT-style models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train, evaluate on the eval split, write the run directory")
+    train.add_argument("config", help="YAML task config")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.max_steps=100")
+
+    evaluate = commands.add_parser("evaluate", help="evaluate a finished run (e.g. data.eval_split=test)")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+    predict = commands.add_parser("predict", help="predict a jsonl/csv/txt file with a finished run")
+    predict.add_argument("run_dir")
+    predict.add_argument("--input", required=True)
+    predict.add_argument("--output", required=True)
+    predict.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    return parser
+
+
+def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
+    if args.command == "train":
+        from pipelines.train import train
+
+        config = load_run_config(get_task, args.config, args.overrides)
+        metrics = train(config, get_task(config.task)(config))
+        _print_metrics(metrics)
+    elif args.command == "evaluate":
+        from pipelines.evaluation import evaluate_run
+
+        config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
+        _print_metrics(evaluate_run(config, get_task(config.task)(config), args.run_dir))
+    elif args.command == "predict":
+        from pipelines.evaluation import predict_file
+
+        config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
+        count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output)
+        print(f"wrote {count} predictions to {args.output}")
+    return 0
+
+
+def _print_metrics(metrics: dict) -> None:
+    from accelerate.state import PartialState
+
+    if PartialState().is_main_process:
+        print(json.dumps(metrics, indent=2))
+
+
+def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args, get_task)
+    except USER_ERRORS as error:
+        print(f"bertpipe {args.command}: error: {error}", file=sys.stderr)
+        return 2

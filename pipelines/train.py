@@ -1,0 +1,239 @@
+"""The one training loop, task-agnostic, readable top to bottom.
+
+In:  a validated :class:`~pipelines.config.RunConfig` and the task object built from it.
+Out: the run directory (model + tokenizer in safetensors, ``config.yaml``, ``log.jsonl``,
+     ``training_curves.png``, ``README.md`` card, ``metrics.json`` last) and the final metrics.
+
+accelerator -> data (main process first) -> tokenizer/model -> loaders -> optimizer/schedule ->
+prepare -> resume -> for each batch: accumulate, loss, backward, clip, step -> log / evaluate /
+checkpoint on schedule -> final evaluation -> save.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from pipelines import outputs
+from pipelines.batching import eval_dataloader, train_dataloader
+from pipelines.card import write_model_card
+from pipelines.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
+from pipelines.config import RunConfig
+from pipelines.evaluation import evaluate
+from pipelines.modeling import count_parameters
+from pipelines.optim import build_optimizer, build_scheduler, plan_steps
+from pipelines.runtime import build_accelerator
+from pipelines.task import Task
+
+logger = logging.getLogger(__name__)
+
+BEST_MODEL_DIR = "best_model"
+
+
+def _is_better(value: float, best: float | None, greater_is_better: bool) -> bool:
+    return best is None or (value > best if greater_is_better else value < best)
+
+
+def _flat_config(config: RunConfig) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else key, value)
+        else:
+            flat[prefix] = node if isinstance(node, (int, float, str, bool)) else str(node)
+
+    walk("", config.to_yaml_dict())
+    return flat
+
+
+def train(config: RunConfig, task: Task) -> dict[str, float]:
+    outputs.check_output_dir(config)
+    accelerator = build_accelerator(config)
+    set_seed(config.seed)
+    run_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        if config.overwrite and not config.train.resume_from_checkpoint and run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        outputs.save_config(config, run_dir)
+    accelerator.wait_for_everyone()
+
+    # Data: the main process tokenises first and fills the datasets cache; the others read it.
+    with accelerator.main_process_first():
+        raw = task.load()
+        tokenizer = task.build_tokenizer(raw)
+        train_examples, eval_examples = raw[config.data.train_split], raw[config.data.eval_split]
+        train_features = task.preprocess(train_examples, train=True)
+        eval_features = task.preprocess(eval_examples, train=False)
+
+    model = task.build_model(raw)
+    trainable_params, total_params = count_parameters(model)
+    eval_batch_size = config.train.eval_batch_size or config.train.batch_size * 2
+    train_loader, train_sampler = train_dataloader(
+        train_features, task.collator(train=True), config.train.batch_size,
+        seed=config.seed, group_by_length=config.train.group_by_length, num_workers=config.train.dataloader_num_workers,
+    )
+    eval_loader, eval_sampler = eval_dataloader(
+        eval_features, task.collator(train=False), eval_batch_size, num_workers=config.train.dataloader_num_workers
+    )
+
+    optimizer = build_optimizer(model, config.train)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    plan = plan_steps(config.train, len(train_loader))
+    scheduler = accelerator.prepare(build_scheduler(optimizer, config.train, plan, accelerator.num_processes))
+
+    state = TrainerState()
+    if config.train.resume_from_checkpoint:
+        folder = find_checkpoint(config.train.resume_from_checkpoint, run_dir)
+        state = load_checkpoint(accelerator, folder)
+        accelerator.print(f"resumed from {folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})")
+
+    if accelerator.is_main_process and config.train.report_to:
+        accelerator.init_trackers(run_dir.name, config=_flat_config(config))
+    step_log = outputs.StepLog(run_dir, append=bool(config.train.resume_from_checkpoint)) if accelerator.is_main_process else None
+    metric_name = config.train.metric_for_best_model
+    greater_is_better = (
+        config.train.greater_is_better if config.train.greater_is_better is not None
+        else task.higher_is_better.get((metric_name or "").removeprefix("eval_"), True)
+    )
+
+    def log(record: dict[str, Any]) -> None:
+        record = {"step": state.global_step, "epoch": round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4), **record}
+        state.log_history.append(record)
+        if step_log is not None:
+            step_log.write(record)
+        accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=state.global_step)
+
+    def run_evaluation() -> dict[str, float]:
+        started = time.perf_counter()
+        predictions, metrics = evaluate(accelerator, model, eval_loader, task, eval_features, eval_examples, order=eval_sampler.order)
+        metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
+        model.train()
+        return predictions, metrics
+
+    progress = tqdm(total=plan.total_updates, initial=state.global_step, desc="train", disable=not accelerator.is_local_main_process)
+    samples_seen = tokens_seen = 0
+    interval_loss = torch.zeros((), device=accelerator.device)
+    interval_batches = 0
+    stop_early = False
+    train_started = time.perf_counter()
+    model.train()
+    while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not stop_early:
+        train_sampler.set_epoch(state.epoch)
+        batches = accelerator.skip_first_batches(train_loader, state.batches_in_epoch) if state.batches_in_epoch else train_loader
+        for batch in batches:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and config.train.max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            interval_loss += loss.detach()
+            interval_batches += 1
+            state.batches_in_epoch += 1
+            samples_seen += batch["input_ids"].shape[0]
+            tokens_seen += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            if not accelerator.sync_gradients:
+                continue
+
+            state.global_step += 1
+            progress.update(1)
+            if state.global_step % config.train.logging_steps == 0 or state.global_step == plan.total_updates:
+                mean_loss = accelerator.reduce(interval_loss / interval_batches, reduction="mean").item()
+                state.train_loss_sum += mean_loss * interval_batches
+                state.train_loss_count += interval_batches
+                log({"loss": round(mean_loss, 6), "learning_rate": scheduler.get_last_lr()[0]})
+                progress.set_postfix(loss=f"{mean_loss:.4f}")
+                interval_loss.zero_()
+                interval_batches = 0
+
+            if config.train.eval_steps and state.global_step % config.train.eval_steps == 0 and state.global_step < plan.total_updates:
+                _, metrics = run_evaluation()
+                log(metrics)
+                if metric_name:
+                    stop_early = _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir)
+            if config.train.save_steps and state.global_step % config.train.save_steps == 0:
+                save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit)
+            if state.global_step >= plan.total_updates or stop_early:
+                break
+        else:
+            state.epoch += 1
+            state.batches_in_epoch = 0
+    progress.close()
+    train_runtime = time.perf_counter() - train_started
+
+    if config.train.load_best_model_at_end and state.best_step is not None and (run_dir / BEST_MODEL_DIR).is_dir():
+        accelerator.print(f"loading the best model (step {state.best_step}, {metric_name}={state.best_metric:.4f})")
+        best = type(accelerator.unwrap_model(model)).from_pretrained(run_dir / BEST_MODEL_DIR)
+        accelerator.unwrap_model(model).load_state_dict(best.state_dict())
+
+    predictions, final_metrics = run_evaluation()
+    log(final_metrics)
+    total_samples = accelerator.reduce(torch.tensor(samples_seen, device=accelerator.device), reduction="sum").item()
+    total_tokens = accelerator.reduce(torch.tensor(tokens_seen, device=accelerator.device), reduction="sum").item()
+    summary = {
+        **final_metrics,
+        "num_processes": accelerator.num_processes,
+        "global_step": state.global_step,
+        "epoch": round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
+        "train_loss": state.train_loss_sum / max(state.train_loss_count, 1),
+        "train_runtime": round(train_runtime, 3),
+        "train_samples": total_samples,
+        "train_samples_per_second": round(total_samples / train_runtime, 3) if train_runtime else 0.0,
+        "train_tokens_per_second": round(total_tokens / train_runtime, 3) if train_runtime else 0.0,
+        "trainable_params": trainable_params,
+        "total_params": total_params,
+    }
+    if state.best_step is not None:
+        summary.update(best_step=state.best_step, best_metric=state.best_metric)
+
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(
+        run_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
+        state_dict=accelerator.get_state_dict(model),
+    )
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(run_dir)
+        task.save_artifacts(predictions, eval_examples, str(run_dir))
+        shutil.rmtree(run_dir / BEST_MODEL_DIR, ignore_errors=True)
+        outputs.plot_training_curves(state.log_history, run_dir / outputs.PLOT_FILE)
+        write_model_card(run_dir, config, task, summary)
+        outputs.write_json(run_dir / outputs.METRICS_FILE, summary)
+        step_log.close()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return summary
+
+
+def _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir) -> bool:
+    """Update the best metric (saving that model when it will be reloaded); True means stop early."""
+    if metric_name not in metrics:
+        raise KeyError(f"train.metric_for_best_model={metric_name!r} is not among the eval metrics {sorted(metrics)}")
+    value = metrics[metric_name]
+    if _is_better(value, state.best_metric, greater_is_better):
+        state.best_metric, state.best_step = value, state.global_step
+        state.evaluations_without_improvement = 0
+        if config.train.load_best_model_at_end:
+            accelerator.unwrap_model(model).save_pretrained(
+                run_dir / BEST_MODEL_DIR, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
+                state_dict=accelerator.get_state_dict(model),
+            )
+    else:
+        state.evaluations_without_improvement += 1
+    patience = config.train.early_stopping_patience
+    if patience and state.evaluations_without_improvement >= patience:
+        accelerator.print(f"early stopping: {metric_name} has not improved for {patience} evaluations")
+        return True
+    return False

@@ -1,0 +1,275 @@
+"""Text classification: single sentence or sentence pair; multi-class, multi-label or regression.
+
+In:  examples with a text column, an optional text-pair column and a label column (a ``ClassLabel``,
+     strings, integers, lists of those for multi-label, or floats for regression).
+Out: an ``AutoModelForSequenceClassification`` whose config carries ``id2label``/``label2id`` (so
+     ``pipeline("text-classification")`` reports label names), metrics (accuracy, F1, precision,
+     recall, Matthews correlation; Pearson/Spearman for regression) and per-example predictions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from datasets import ClassLabel, Dataset, DatasetDict, Sequence, Value
+from pydantic import Field
+from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
+
+from pipelines.config import RunConfig, TaskOptions
+from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns
+from pipelines.metrics import load_metric
+from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
+
+ProblemType = Literal["auto", "single_label", "multi_label", "regression"]
+_HF_PROBLEM_TYPE = {
+    "single_label": "single_label_classification",
+    "multi_label": "multi_label_classification",
+    "regression": "regression",
+}
+
+
+class ClassificationOptions(TaskOptions):
+    problem_type: ProblemType = "auto"
+    """``auto`` reads it from the label column: floats -> regression, lists -> multi-label."""
+    label_names: list[str] | None = None
+    """The label set in id order; by default the ``ClassLabel`` names or the sorted train labels."""
+    multi_label_threshold: float = Field(default=0.5, gt=0, lt=1)
+
+
+class ClassificationTask:
+    name: ClassVar[str] = "classification"
+    Options: ClassVar[type[TaskOptions]] = ClassificationOptions
+    pipeline_tag: ClassVar[str] = "text-classification"
+    output_pad_values: ClassVar[dict[str, float]] = {}
+    higher_is_better: ClassVar[dict[str, bool]] = {"mse": False, "loss": False}
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.options: ClassificationOptions = config.task_options
+        self.tokenizer = None
+        self.label_names: list[str] | None = None
+        self.problem_type: str | None = None
+        self._metrics: dict[str, Any] = {}
+
+    # ----- columns and labels -------------------------------------------------------------
+    @property
+    def text_column(self) -> str:
+        return self.config.data.text_column or "text"
+
+    @property
+    def label_column(self) -> str:
+        return self.config.data.label_column or "label"
+
+    def _infer_problem_type(self, split: Dataset) -> str:
+        if self.options.problem_type != "auto":
+            return self.options.problem_type
+        feature = split.features[self.label_column]
+        if isinstance(feature, (Sequence, list)) or (isinstance(feature, dict)):
+            return "multi_label"
+        if isinstance(feature, Value) and feature.dtype.startswith("float"):
+            return "regression"
+        return "single_label"
+
+    def _infer_label_names(self, split: Dataset) -> list[str]:
+        if self.options.label_names:
+            return list(self.options.label_names)
+        feature = split.features[self.label_column]
+        inner = getattr(feature, "feature", None)
+        if isinstance(feature, ClassLabel):
+            return list(feature.names)
+        if isinstance(inner, ClassLabel):
+            return list(inner.names)
+        values = split[self.label_column]
+        if self.problem_type == "multi_label":
+            values = [value for row in values for value in row]
+        return sorted({str(value) for value in values}, key=_natural_key)
+
+    def _label_ids(self, split: Dataset, split_name: str) -> list[Any]:
+        """Label column -> ids (or multi-hot / floats), failing on a label outside the label set."""
+        column = split[self.label_column]
+        if self.problem_type == "regression":
+            return [float(value) for value in column]
+        feature = split.features[self.label_column]
+        named = isinstance(feature, ClassLabel) or isinstance(getattr(feature, "feature", None), ClassLabel)
+        label2id = {name: index for index, name in enumerate(self.label_names)}
+
+        def to_id(value: Any, row: int) -> int:
+            if named and int(value) < 0:
+                raise DataError(f"split {split_name!r}, row {row}: label {value} means 'unlabelled'; this split cannot be evaluated")
+            if named and not self.options.label_names:
+                return int(value)
+            name = self.label_names[int(value)] if named else str(value)
+            if name not in label2id:
+                raise DataError(
+                    f"split {split_name!r}, row {row}: label {value!r} is not in the label set {self.label_names}"
+                )
+            return label2id[name]
+
+        if self.problem_type == "multi_label":
+            rows = []
+            for row, values in enumerate(column):
+                hot = [0.0] * len(self.label_names)
+                for value in values:
+                    hot[to_id(value, row)] = 1.0
+                rows.append(hot)
+            return rows
+        return [to_id(value, row) for row, value in enumerate(column)]
+
+    # ----- the task interface ------------------------------------------------------------
+    def load(self, *, include_train: bool = True) -> DatasetDict:
+        data = self.config.data
+        raw = finalize_splits(load_raw(data), data, self.config.seed, need_train=include_train)
+        for split_name, split in raw.items():
+            require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_name)
+        reference = raw[data.train_split] if include_train else raw[data.eval_split]
+        self.problem_type = self._infer_problem_type(reference)
+        if include_train and self.problem_type != "regression":
+            self.label_names = self._infer_label_names(reference)
+        return raw
+
+    def load_inputs(self, path: str) -> Dataset:
+        inputs = read_inputs(path)
+        if self.text_column not in inputs.column_names and "text" in inputs.column_names:
+            inputs = inputs.rename_column("text", self.text_column)
+        require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
+        return inputs
+
+    def build_tokenizer(self, raw, model_path: str | None = None):
+        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
+        return self.tokenizer
+
+    def build_model(self, raw, model_path: str | None = None):
+        if model_path is not None:
+            model = load_model(AutoModelForSequenceClassification, self.config.model, model_path=model_path)
+            self.problem_type = {v: k for k, v in _HF_PROBLEM_TYPE.items()}.get(model.config.problem_type, "single_label")
+            self.label_names = None if self.problem_type == "regression" else [model.config.id2label[i] for i in range(model.config.num_labels)]
+            return model
+        if self.problem_type == "regression":
+            label_maps = {"num_labels": 1, "problem_type": "regression"}
+        else:
+            label_maps = {
+                "num_labels": len(self.label_names),
+                "id2label": dict(enumerate(self.label_names)),
+                "label2id": {name: index for index, name in enumerate(self.label_names)},
+                "problem_type": _HF_PROBLEM_TYPE[self.problem_type],
+            }
+        return load_model(AutoModelForSequenceClassification, self.config.model, label_maps=label_maps)
+
+    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
+        data = self.config.data
+        labelled = self.label_column in examples.column_names
+        if labelled:
+            examples = examples.add_column("__labels", self._label_ids(examples, "train" if train else data.eval_split))
+        return examples.map(
+            _tokenize, batched=True, remove_columns=examples.column_names, num_proc=data.preprocessing_num_workers,
+            fn_kwargs={
+                "tokenizer": self.tokenizer, "text_column": self.text_column, "pair_column": data.text_pair_column,
+                "max_length": data.max_seq_length,
+            },
+            desc="tokenising",
+        )
+
+    def collator(self, *, train: bool):
+        return DataCollatorWithPadding(self.tokenizer)
+
+    def predict_step(self, model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        batch = {key: value for key, value in batch.items() if key != "labels"}
+        return {"logits": model(**batch).logits}
+
+    def postprocess(self, outputs: dict[str, np.ndarray], features: Dataset, examples: Dataset) -> dict[str, np.ndarray]:
+        logits = outputs["logits"].astype(np.float64)
+        result: dict[str, np.ndarray] = {}
+        if self.problem_type == "regression":
+            result["scores"] = logits[:, 0]
+        elif self.problem_type == "multi_label":
+            result["probabilities"] = 1.0 / (1.0 + np.exp(-logits))
+            result["predictions"] = (result["probabilities"] >= self.options.multi_label_threshold).astype(np.int64)
+        else:
+            shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+            result["probabilities"] = shifted / shifted.sum(axis=1, keepdims=True)
+            result["predictions"] = result["probabilities"].argmax(axis=1)
+        if "labels" in features.column_names:
+            result["references"] = np.asarray(features["labels"])
+        return result
+
+    def _metric(self, name: str):
+        if name not in self._metrics:
+            self._metrics[name] = load_metric(name)
+        return self._metrics[name]
+
+    def compute_metrics(self, predictions: dict[str, np.ndarray], examples: Dataset) -> dict[str, float]:
+        references = predictions["references"]
+        if self.problem_type == "regression":
+            scores = predictions["scores"]
+            return {
+                "pearson": self._metric("pearsonr").compute(predictions=scores, references=references)["pearsonr"],
+                "spearmanr": self._metric("spearmanr").compute(predictions=scores, references=references)["spearmanr"],
+                "mse": float(np.mean((scores - references) ** 2)),
+            }
+        predicted = predictions["predictions"]
+        if self.problem_type == "multi_label":
+            predicted, references = predicted.tolist(), references.astype(np.int64).tolist()
+            return {
+                "accuracy": self._metric("accuracy").compute(predictions=predicted, references=references)["accuracy"],
+                **{
+                    f"{name}_{average}": self._metric(name).compute(predictions=predicted, references=references, average=average)[name]
+                    for name in ("f1", "precision", "recall") for average in ("micro", "macro")
+                },
+            }
+        binary = len(self.label_names) == 2
+        metrics = {"accuracy": self._metric("accuracy").compute(predictions=predicted, references=references)["accuracy"]}
+        if binary:
+            metrics["f1"] = self._metric("f1").compute(predictions=predicted, references=references)["f1"]
+        for name in ("f1", "precision", "recall"):
+            for average in ("macro", "micro") if name == "f1" else ("macro",):
+                metrics[f"{name}_{average}"] = self._metric(name).compute(
+                    predictions=predicted, references=references, average=average, labels=list(range(len(self.label_names)))
+                )[name]
+        metrics["matthews_correlation"] = self._metric("matthews_correlation").compute(
+            predictions=predicted, references=references
+        )["matthews_correlation"]
+        return metrics
+
+    def format_predictions(self, predictions: dict[str, np.ndarray], examples: Dataset) -> list[dict[str, Any]]:
+        rows = []
+        texts = examples[self.text_column]
+        pairs = examples[self.config.data.text_pair_column] if self.config.data.text_pair_column else None
+        for index, text in enumerate(texts):
+            row: dict[str, Any] = {"text": text}
+            if pairs is not None:
+                row["text_pair"] = pairs[index]
+            if self.problem_type == "regression":
+                row["score"] = float(predictions["scores"][index])
+            elif self.problem_type == "multi_label":
+                probabilities = predictions["probabilities"][index]
+                row["labels"] = [name for name, hot in zip(self.label_names, predictions["predictions"][index]) if hot]
+                row["scores"] = {name: round(float(p), 6) for name, p in zip(self.label_names, probabilities)}
+            else:
+                probabilities = predictions["probabilities"][index]
+                best = int(predictions["predictions"][index])
+                row["label"] = self.label_names[best]
+                row["score"] = round(float(probabilities[best]), 6)
+                row["scores"] = {name: round(float(p), 6) for name, p in zip(self.label_names, probabilities)}
+            rows.append(row)
+        return rows
+
+    def save_artifacts(self, predictions, examples: Dataset, run_dir: str) -> None:
+        """Classification has nothing beyond the model and metrics to save."""
+
+
+def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_column: str | None, max_length: int) -> dict:
+    """Module-level (not a closure) so that ``datasets`` can hash it and cache the result."""
+    encoded = tokenizer(batch[text_column], batch[pair_column] if pair_column else None, truncation=True, max_length=max_length)
+    if "__labels" in batch:
+        encoded["labels"] = batch["__labels"]
+    return encoded
+
+
+def _natural_key(name: str) -> tuple:
+    """Sort ``"2" < "10"`` numerically and names alphabetically."""
+    try:
+        return (0, float(name), "")
+    except ValueError:
+        return (1, 0.0, name)

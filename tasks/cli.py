@@ -1,0 +1,16 @@
+"""Entry point of the ``bertpipe`` command: the task-agnostic CLI wired to this task registry."""
+
+from __future__ import annotations
+
+import sys
+
+from pipelines.cli import main as pipelines_main
+from tasks import get_task
+
+
+def main(argv: list[str] | None = None) -> int:
+    return pipelines_main(argv, get_task=get_task)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

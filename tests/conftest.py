@@ -1,0 +1,119 @@
+"""Shared fixtures: a tiny BERT and WordPiece tokenizer built here, small data files, a CLI runner.
+
+Nothing here touches the network; tests that need ``../shared`` use :func:`shared_path`, which
+skips when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+
+POSITIVE_WORDS = ["good", "great", "fine", "lovely", "superb", "happy", "bright", "warm"]
+NEGATIVE_WORDS = ["bad", "awful", "poor", "dull", "grim", "sad", "dark", "cold"]
+FILLER_WORDS = ["the", "film", "was", "a", "story", "with", "very", "and", "plot", "actors", "it", "is", "of", "scenes"]
+
+
+def shared_path(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (the ../shared folder with real data is not on this machine)")
+    return path
+
+
+def corpus_sentences(count: int = 400, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = POSITIVE_WORDS + NEGATIVE_WORDS + FILLER_WORDS
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 14))) for _ in range(count)]
+
+
+def build_tiny_bert(directory: Path, *, vocab_words: list[str] | None = None) -> Path:
+    """A 2-layer BERT (hidden 32) with a WordPiece tokenizer trained on a generated corpus."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=special, min_frequency=1)
+    tokenizer.train_from_iterator(corpus_sentences() + (vocab_words or []), trainer=trainer)
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    fast = BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=64)
+    config = BertConfig(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+    )
+    import torch
+
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(directory)
+    fast.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def sentiment_rows(count: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        positive = rng.random() < 0.5
+        cue = rng.choice(POSITIVE_WORDS if positive else NEGATIVE_WORDS)
+        words = [rng.choice(FILLER_WORDS) for _ in range(rng.randint(2, 12))]
+        words.insert(rng.randint(0, len(words)), cue)
+        rows.append({"sentence": " ".join(words), "label": "positive" if positive else "negative"})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def sentiment_files(tmp_path_factory) -> dict[str, Path]:
+    """train: 96 rows; validation: 37 rows (odd, so a duplicated last batch would show)."""
+    folder = tmp_path_factory.mktemp("sentiment")
+    return {
+        "train": write_jsonl(folder / "train.jsonl", sentiment_rows(96, seed=1)),
+        "validation": write_jsonl(folder / "validation.jsonl", sentiment_rows(37, seed=2)),
+    }
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("ACCELERATE_", "BERTPIPE_"))}
+    env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``bertpipe ARGS`` in a fresh interpreter, as a user would run it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", *args], cwd=REPO_ROOT, env=env or cli_env(),
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"bertpipe {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result

@@ -1,0 +1,114 @@
+"""End to end through the CLI: train -> evaluate -> predict -> pipeline() on a tiny BERT built here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, write_config, write_jsonl
+
+
+def classification_config(tmp_path: Path, tiny_bert: Path, files: dict[str, Path], **train_keys) -> Path:
+    train = {"num_epochs": 10, "batch_size": 8, "learning_rate": 3e-3, "lr_scheduler": "constant", "logging_steps": 4,
+             "eval_steps": 24, **train_keys}
+    train_yaml = "\n".join(f"  {key}: {json.dumps(value)}" for key, value in train.items())
+    return write_config(tmp_path / "sentiment.yaml", f"""# test config
+task: classification
+output_dir: {tmp_path / 'run'}
+seed: 7
+model:
+  name_or_path: {tiny_bert}
+data:
+  files:
+    train: {files['train']}
+    validation: {files['validation']}
+  text_column: sentence
+  label_column: label
+  max_seq_length: 32
+train:
+{train_yaml}
+""")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tiny_bert, sentiment_files) -> Path:
+    tmp_path = tmp_path_factory.mktemp("cls")
+    config = classification_config(tmp_path, tiny_bert, sentiment_files)
+    run_cli("train", str(config))
+    return tmp_path / "run"
+
+
+def test_cli_train_writes_a_complete_run_directory(trained_run):
+    for name in ["model.safetensors", "config.json", "tokenizer.json", "config.yaml", "metrics.json", "log.jsonl",
+                 "training_curves.png", "README.md"]:
+        assert (trained_run / name).is_file(), name
+    metrics = json.loads((trained_run / "metrics.json").read_text())
+    assert metrics["eval_samples"] == 37
+    assert metrics["num_processes"] == 1
+    assert metrics["eval_accuracy"] >= 0.8, metrics  # the cue word decides the label: a tiny model learns it
+    for key in ["train_runtime", "train_samples_per_second", "train_tokens_per_second", "eval_f1", "eval_matthews_correlation"]:
+        assert key in metrics
+    log = [json.loads(line) for line in (trained_run / "log.jsonl").read_text().splitlines()]
+    assert any("loss" in record for record in log) and any("eval_accuracy" in record for record in log)
+    saved = (trained_run / "config.yaml").read_text()
+    assert "task: classification" in saved and "classification:" in saved
+
+
+def test_cli_pipeline_returns_label_names(trained_run):
+    from transformers import pipeline
+
+    classifier = pipeline("text-classification", model=str(trained_run))
+    result = classifier(["the film was superb and lovely", "the plot was awful"])
+    assert {row["label"] for row in result} <= {"positive", "negative"}
+    assert result[0]["label"] == "positive" and result[1]["label"] == "negative"
+
+
+def test_cli_evaluate_matches_training_metrics(trained_run):
+    result = run_cli("evaluate", str(trained_run))
+    metrics = json.loads((trained_run / "eval_validation.json").read_text())
+    trained = json.loads((trained_run / "metrics.json").read_text())
+    assert metrics["eval_samples"] == 37
+    assert metrics["eval_accuracy"] == pytest.approx(trained["eval_accuracy"])
+    assert "eval_accuracy" in result.stdout
+
+
+def test_cli_predict_writes_one_object_per_input(trained_run, tmp_path):
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("the film was superb\nawful and dull plot\nthe scenes were warm and bright\n")
+    output = tmp_path / "predictions.jsonl"
+    run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(output))
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["text"] for row in rows] == inputs.read_text().splitlines()
+    assert [row["label"] for row in rows] == ["positive", "negative", "positive"]
+    assert all(abs(sum(row["scores"].values()) - 1) < 1e-4 for row in rows)
+
+
+def test_cli_refuses_to_overwrite_a_finished_run(trained_run, tmp_path):
+    config = trained_run / "config.yaml"
+    result = run_cli("train", str(config), check=False)
+    assert result.returncode == 2
+    assert "already holds a finished run" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_config_typo_names_key_file_and_suggestion(trained_run):
+    config = trained_run / "config.yaml"
+    result = run_cli("train", str(config), "train.learnig_rate=0.1", check=False)
+    assert result.returncode == 2
+    assert "train.learnig_rate" in result.stderr and "train.learning_rate" in result.stderr
+
+
+def test_cli_label_outside_label_set_is_an_error(tmp_path, tiny_bert, sentiment_files):
+    bad = write_jsonl(tmp_path / "validation.jsonl", [{"sentence": "good film", "label": "positive"}, {"sentence": "meh", "label": "neutral"}])
+    config = classification_config(tmp_path, tiny_bert, {"train": sentiment_files["train"], "validation": bad})
+    result = run_cli("train", str(config), check=False)
+    assert result.returncode == 2
+    assert "'neutral'" in result.stderr and "row 1" in result.stderr
+
+
+def test_cli_missing_column_names_the_available_ones(tmp_path, tiny_bert, sentiment_files):
+    config = classification_config(tmp_path, tiny_bert, sentiment_files)
+    result = run_cli("train", str(config), "data.text_column=review", check=False)
+    assert result.returncode == 2
+    assert "review" in result.stderr and "sentence" in result.stderr
