@@ -178,6 +178,10 @@ class MultiHeadAttention(nn.Module):
         source = hidden_states if key_value_states is None else key_value_states
         k, v = self._keys_values(source, cache, layer_idx)
         dropout = self.dropout if self.training else 0.0
+        if attention_mask is not None and attention_mask.dtype != q.dtype:
+            # Under autocast the projections can be half precision while the mask was built in float32;
+            # clamp so that float32's minimum does not round to -inf (NaN on fully masked rows).
+            attention_mask = attention_mask.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
 
         if self.attention_score == "dot" and not output_attentions:
             # Fused kernel; same maths as scaled_attention with DotScore, without materialising the weights.

@@ -40,7 +40,7 @@ class BertpipePreTrainedModel(PreTrainedModel):
 
     config_class = BertpipeBertConfig
     base_model_prefix = "bert"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
 
     def _init_weights(self, module):
         # transformers' default covers Linear/Embedding (normal, std=initializer_range; zero padding row)

@@ -113,6 +113,9 @@ def _split_prefix(name: str) -> tuple[str, str]:
 def _bert_to_ours(state, config_dict):
     from .configuration import BertpipeBertConfig
 
+    if "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
+        # Some exports keep the output bias only under its tied alias.
+        state = {**state, "cls.predictions.bias": state["cls.predictions.decoder.bias"]}
     converted = {}
     for name, tensor in state.items():
         if _SKIP_HF.search(name):

@@ -13,6 +13,7 @@ Out: hidden states of the same shape (plus attention weights when asked for).
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import MultiHeadAttention
 
@@ -106,8 +107,12 @@ class ResidualNorm(nn.Module):
         return summed if self.pre_norm else self.norm(summed, padding_mask)
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each wrapped in Add & Norm."""
+class EncoderLayer(GradientCheckpointingLayer):
+    """Self-attention then FFN, each wrapped in Add & Norm.
+
+    The base class recomputes the layer in the backward pass when ``model.gradient_checkpointing_enable()``
+    was called (a BatchNorm layer then updates its running statistics twice per step).
+    """
 
     def __init__(self, config):
         super().__init__()
@@ -127,7 +132,7 @@ class EncoderLayer(nn.Module):
         return x, weights
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(GradientCheckpointingLayer):
     """Masked self-attention, cross-attention over the encoder output, then FFN; each with Add & Norm."""
 
     def __init__(self, config, layer_idx: int):

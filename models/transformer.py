@@ -135,7 +135,13 @@ class TransformerDecoder(nn.Module):
         cross_attentions = () if output_attentions else None
         for layer in self.layers:
             hidden_states, self_weights, cross_weights = layer(
-                hidden_states, encoder_hidden_states, self_mask, cross_mask, padding_mask, output_attentions, cache
+                hidden_states,
+                encoder_hidden_states,
+                self_mask,
+                cross_mask,
+                padding_mask,
+                output_attentions,
+                cache=cache,  # by keyword, so that gradient checkpointing can drop it
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -185,7 +191,10 @@ class BertpipeTransformerModel(BertpipeTransformerPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        token_type_ids=None,
     ):
+        # token_type_ids is accepted and ignored (there are no segments) so that the output of BERT-style
+        # tokenizers can be passed to the model and to generate() unchanged.
         output_attentions = _flag(output_attentions, self.config.output_attentions)
         output_hidden_states = _flag(output_hidden_states, self.config.output_hidden_states)
         return_dict = _flag(return_dict, self.config.return_dict)
@@ -267,6 +276,7 @@ class BertpipeTransformerForConditionalGeneration(BertpipeTransformerPreTrainedM
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        token_type_ids=None,
     ):
         if labels is not None:
             use_cache = False

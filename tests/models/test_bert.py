@@ -177,3 +177,24 @@ def test_bert_transformers_pipelines_run_on_saved_heads(tmp_path, tiny_tokenizer
     filler = _save_with_tokenizer(BertpipeForMaskedLM(make_bert_config()), tiny_tokenizer_dir, tmp_path / "mlm")
     predictions = pipeline("fill-mask", model=filler, top_k=3)("the cat sat on the [MASK]")
     assert len(predictions) == 3 and all("token_str" in p for p in predictions)
+
+
+def test_bert_half_precision_padding_gives_no_nan(batch, make_bert_config):
+    model = BertpipeForTokenClassification(make_bert_config(attention_score="bilinear")).to(torch.bfloat16).eval()
+    out = model(**batch, output_attentions=True)
+    assert not torch.isnan(out.logits).any()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not torch.isnan(BertpipeModel(make_bert_config()).eval()(**batch).last_hidden_state).any()
+
+
+def test_bert_activation_checkpointing_gives_the_same_gradients(batch, make_bert_config):
+    torch.manual_seed(0)
+    plain = BertpipeForSequenceClassification(make_bert_config())
+    checkpointed = BertpipeForSequenceClassification(plain.config)
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.activation_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in checkpointed.bert.encoder.layers)
+    for model in (plain, checkpointed):
+        model.train()(**batch, labels=torch.tensor([0, 1])).loss.backward()
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)

@@ -157,3 +157,12 @@ def test_transformer_auto_classes_and_save_load_round_trip(tmp_path):
     )
     # Three decoder layers but one encoder layer: the generation cache must be sized for the decoder.
     assert torch.equal(loaded.generate(src, max_new_tokens=5, num_beams=2), model.generate(src, max_new_tokens=5, num_beams=2, use_cache=False))
+
+
+def test_transformer_accepts_bert_tokenizer_output_in_forward_and_generate(tiny_tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    model = BertpipeTransformerForConditionalGeneration(tiny_config(vocab_size=tokenizer.vocab_size)).eval()
+    encoded = tokenizer(["the cat sat", "a dog"], padding=True, return_tensors="pt")
+    assert "token_type_ids" in encoded
+    assert model(**encoded, labels=encoded["input_ids"]).loss.ndim == 0
+    assert model.generate(**encoded, max_new_tokens=3, num_beams=2).shape[0] == 2
