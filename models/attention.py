@@ -28,9 +28,7 @@ from torch import nn
 def make_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(batch, kv_len) 1 = real token, 0 = padding  ->  additive (batch, 1, 1, kv_len) mask over keys."""
     keep = attention_mask[:, None, None, :].bool()
-    return torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device).masked_fill(
-        ~keep, torch.finfo(dtype).min
-    )
+    return torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device).masked_fill(~keep, torch.finfo(dtype).min)
 
 
 def make_causal_mask(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
@@ -131,7 +129,14 @@ class MultiHeadAttention(nn.Module):
     generation only feeds the newest token; cross-attention keys/values are computed once per sequence.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, attention_score: str = "dot", is_cross_attention: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float,
+        attention_score: str = "dot",
+        is_cross_attention: bool = False,
+    ):
         super().__init__()
         if hidden_size % num_heads != 0:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")

@@ -102,7 +102,9 @@ class ResidualNorm(nn.Module):
     def sublayer_input(self, x: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
         return self.norm(x, padding_mask) if self.pre_norm else x
 
-    def residual(self, x: torch.Tensor, sublayer_output: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
+    def residual(
+        self, x: torch.Tensor, sublayer_output: torch.Tensor, padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         summed = x + self.dropout(sublayer_output)
         return summed if self.pre_norm else self.norm(summed, padding_mask)
 
@@ -116,7 +118,13 @@ class EncoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config):
         super().__init__()
-        args = (config.hidden_size, config.norm, config.norm_placement, config.layer_norm_eps, config.hidden_dropout_prob)
+        args = (
+            config.hidden_size,
+            config.norm,
+            config.norm_placement,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+        )
         self.self_attention = MultiHeadAttention(
             config.hidden_size, config.num_attention_heads, config.attention_probs_dropout_prob, config.attention_score
         )
@@ -138,7 +146,13 @@ class DecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        args = (config.hidden_size, config.norm, config.norm_placement, config.layer_norm_eps, config.hidden_dropout_prob)
+        args = (
+            config.hidden_size,
+            config.norm,
+            config.norm_placement,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+        )
         heads, p_attn, score = config.num_attention_heads, config.attention_probs_dropout_prob, config.attention_score
         self.self_attention = MultiHeadAttention(config.hidden_size, heads, p_attn, score)
         self.self_attention_norm = ResidualNorm(*args)
@@ -159,7 +173,11 @@ class DecoderLayer(GradientCheckpointingLayer):
     ):
         h = self.self_attention_norm.sublayer_input(x, padding_mask)
         attended, self_weights = self.self_attention(
-            h, attention_mask=self_attention_mask, output_attentions=output_attentions, cache=cache, layer_idx=self.layer_idx
+            h,
+            attention_mask=self_attention_mask,
+            output_attentions=output_attentions,
+            cache=cache,
+            layer_idx=self.layer_idx,
         )
         x = self.self_attention_norm.residual(x, attended, padding_mask)
 

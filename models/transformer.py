@@ -81,7 +81,9 @@ class TransformerEncoder(Encoder):
         hidden_states, all_hidden_states, all_attentions = super().forward(
             hidden_states, additive_mask, padding_mask, bool(output_attentions), bool(output_hidden_states)
         )
-        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions)
+        output = BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        )
         return output if return_dict else output.to_tuple()
 
 
@@ -94,7 +96,9 @@ class TransformerDecoder(nn.Module):
         self.embeddings = _embeddings(config)
         self.layers = nn.ModuleList([DecoderLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)])
         self.final_norm = (
-            make_norm(config.norm, config.hidden_size, config.layer_norm_eps) if config.norm_placement == "pre" else None
+            make_norm(config.norm, config.hidden_size, config.layer_norm_eps)
+            if config.norm_placement == "pre"
+            else None
         )
 
     def forward(

@@ -109,7 +109,9 @@ def test_bert_sequence_classification_problem_types_follow_transformers(batch, m
     assert regression.config.problem_type == "regression" and out.logits.shape == (2, 1)
     torch.testing.assert_close(out.loss, F.mse_loss(out.logits.squeeze(), torch.tensor([0.5, -1.0])))
 
-    explicit = BertpipeForSequenceClassification(make_bert_config(num_labels=2, problem_type="multi_label_classification"))
+    explicit = BertpipeForSequenceClassification(
+        make_bert_config(num_labels=2, problem_type="multi_label_classification")
+    )
     assert explicit(**batch, labels=torch.tensor([[1.0, 0.0], [0.0, 1.0]])).loss.ndim == 0
     assert single(**batch).loss is None
 
@@ -133,7 +135,10 @@ def test_bert_question_answering_loss_like_transformers(batch, make_bert_config)
     torch.testing.assert_close(out.loss, expected)
     # Out-of-window answers (clamped to the length) and -100 are ignored: only the first example counts.
     out = model(**batch, start_positions=torch.tensor([1, 99]), end_positions=torch.tensor([3, -100]))
-    expected = (F.cross_entropy(out.start_logits[:1], torch.tensor([1])) + F.cross_entropy(out.end_logits[:1], torch.tensor([3]))) / 2
+    expected = (
+        F.cross_entropy(out.start_logits[:1], torch.tensor([1]))
+        + F.cross_entropy(out.end_logits[:1], torch.tensor([3]))
+    ) / 2
     torch.testing.assert_close(out.loss, expected)
 
 
@@ -151,7 +156,9 @@ def test_bert_padding_does_not_change_real_positions(make_bert_config):
     ids = torch.tensor([[2, 7, 8, 9, 3]])
     padded = torch.tensor([[2, 7, 8, 9, 3, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
-    torch.testing.assert_close(model(padded, attention_mask=mask).last_hidden_state[:, :5], model(ids).last_hidden_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        model(padded, attention_mask=mask).last_hidden_state[:, :5], model(ids).last_hidden_state, atol=1e-5, rtol=1e-5
+    )
 
 
 def _save_with_tokenizer(model, tokenizer_dir, out_dir):
@@ -165,12 +172,16 @@ def _save_with_tokenizer(model, tokenizer_dir, out_dir):
 def test_bert_transformers_pipelines_run_on_saved_heads(tmp_path, tiny_tokenizer_dir, make_bert_config):
     torch.manual_seed(0)
     labels = {"id2label": {0: "NEG", 1: "POS"}, "label2id": {"NEG": 0, "POS": 1}}
-    classifier = _save_with_tokenizer(BertpipeForSequenceClassification(make_bert_config(**labels)), tiny_tokenizer_dir, tmp_path / "cls")
+    classifier = _save_with_tokenizer(
+        BertpipeForSequenceClassification(make_bert_config(**labels)), tiny_tokenizer_dir, tmp_path / "cls"
+    )
     result = pipeline("text-classification", model=classifier)("the cat sat on the mat")
     assert result[0]["label"] in {"NEG", "POS"} and 0 <= result[0]["score"] <= 1
 
     tags = {"id2label": {0: "O", 1: "B-LOC", 2: "B-PER"}, "label2id": {"O": 0, "B-LOC": 1, "B-PER": 2}}
-    tagger = _save_with_tokenizer(BertpipeForTokenClassification(make_bert_config(**tags)), tiny_tokenizer_dir, tmp_path / "tok")
+    tagger = _save_with_tokenizer(
+        BertpipeForTokenClassification(make_bert_config(**tags)), tiny_tokenizer_dir, tmp_path / "tok"
+    )
     entities = pipeline("token-classification", model=tagger)("john lives in paris")
     assert all(entity["entity"] in {"B-LOC", "B-PER"} for entity in entities)
 
@@ -196,5 +207,5 @@ def test_bert_activation_checkpointing_gives_the_same_gradients(batch, make_bert
     assert all(layer.gradient_checkpointing for layer in checkpointed.bert.encoder.layers)
     for model in (plain, checkpointed):
         model.train()(**batch, labels=torch.tensor([0, 1])).loss.backward()
-    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)

@@ -36,14 +36,22 @@ def tiny_hf_config(num_labels=3):
     # BertForQuestionAnswering only works with two outputs (start, end).
     labels = ["A", "B", "C"][:num_labels]
     return BertConfig(
-        vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=32, num_labels=num_labels, id2label=dict(enumerate(labels)),
+        vocab_size=30,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=num_labels,
+        id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
     )
 
 
 @pytest.mark.parametrize("hf_class, auto_class, field", HEADS, ids=lambda x: getattr(x, "__name__", str(x)))
-def test_convert_tiny_heads_both_ways_give_identical_outputs(tmp_path, batch, tiny_tokenizer_dir, hf_class, auto_class, field):
+def test_convert_tiny_heads_both_ways_give_identical_outputs(
+    tmp_path, batch, tiny_tokenizer_dir, hf_class, auto_class, field
+):
     torch.manual_seed(0)
     reference = hf_class(tiny_hf_config(2 if hf_class is BertForQuestionAnswering else 3)).eval()
     reference.save_pretrained(tmp_path / "hf")
@@ -64,7 +72,10 @@ def test_convert_tiny_heads_both_ways_give_identical_outputs(tmp_path, batch, ti
     back = hf_class.from_pretrained(tmp_path / "back").eval()
     with torch.no_grad():
         torch.testing.assert_close(getattr(back(**batch), field), expected, atol=0, rtol=0)
-    original, returned = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    original, returned = (
+        load_file(tmp_path / "hf" / "model.safetensors"),
+        load_file(tmp_path / "back" / "model.safetensors"),
+    )
     for name, tensor in returned.items():
         assert torch.equal(tensor, original[name]), name
 

@@ -48,7 +48,9 @@ def test_transformer_shift_tokens_right_builds_teacher_forcing_input():
     assert shift_tokens_right(labels, PAD, START).tolist() == [[1, 5, 6, 2], [1, 7, 2, 0]]
 
 
-@pytest.mark.parametrize("overrides", [{}, {"norm_placement": "pre", "attention_score": "bilinear", "position_embedding": "learned"}])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"norm_placement": "pre", "attention_score": "bilinear", "position_embedding": "learned"}]
+)
 def test_transformer_decoder_does_not_see_the_future(overrides):
     torch.manual_seed(0)
     model = BertpipeTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
@@ -116,7 +118,9 @@ def test_transformer_learns_copy_task_and_generate_reproduces_inputs():
 
 def test_transformer_works_with_data_collator_for_seq2seq(tiny_tokenizer_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-    model = BertpipeTransformerForConditionalGeneration(tiny_config(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id))
+    model = BertpipeTransformerForConditionalGeneration(
+        tiny_config(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id)
+    )
     collator = DataCollatorForSeq2Seq(tokenizer, model=model)
     features = [
         {"input_ids": [2, 5, 6, 3], "labels": [7, 8, 3]},
@@ -131,8 +135,14 @@ def test_transformer_works_with_data_collator_for_seq2seq(tiny_tokenizer_dir):
 
 def test_transformer_auto_classes_and_save_load_round_trip(tmp_path):
     config = AutoConfig.for_model(
-        "bertpipe_transformer", vocab_size=10, hidden_size=16, num_hidden_layers=1, num_decoder_layers=3,
-        num_attention_heads=2, intermediate_size=32, norm="batch",
+        "bertpipe_transformer",
+        vocab_size=10,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_decoder_layers=3,
+        num_attention_heads=2,
+        intermediate_size=32,
+        norm="batch",
     )
     assert isinstance(config, BertpipeTransformerConfig)
     assert type(AutoModel.from_config(config)) is BertpipeTransformerModel
@@ -156,7 +166,10 @@ def test_transformer_auto_classes_and_save_load_round_trip(tmp_path):
         rtol=0,
     )
     # Three decoder layers but one encoder layer: the generation cache must be sized for the decoder.
-    assert torch.equal(loaded.generate(src, max_new_tokens=5, num_beams=2), model.generate(src, max_new_tokens=5, num_beams=2, use_cache=False))
+    assert torch.equal(
+        loaded.generate(src, max_new_tokens=5, num_beams=2),
+        model.generate(src, max_new_tokens=5, num_beams=2, use_cache=False),
+    )
 
 
 def test_transformer_accepts_bert_tokenizer_output_in_forward_and_generate(tiny_tokenizer_dir):
