@@ -128,8 +128,14 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     train_started = time.perf_counter()
     model.train()
     while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not stop_early:
+        # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
+        # loader re-applies its own epoch counter to the sampler each time it is iterated.
         train_sampler.set_epoch(state.epoch)
-        batches = accelerator.skip_first_batches(train_loader, state.batches_in_epoch) if state.batches_in_epoch else train_loader
+        train_loader.set_epoch(state.epoch)
+        batches = train_loader
+        if state.batches_in_epoch:
+            batches = accelerator.skip_first_batches(train_loader, state.batches_in_epoch)
+            batches.set_epoch(state.epoch)
         for batch in batches:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
