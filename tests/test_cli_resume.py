@@ -56,6 +56,8 @@ def test_cli_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_bert
     for key in ("eval_accuracy", "eval_f1_macro", "global_step", "epoch", "train_loss"):
         assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-5, abs=1e-6), key
     # Every logged step after the checkpoint, through the next epochs, has the same loss.
+    steps = [record["step"] for record in losses]
+    assert steps == sorted(set(steps)), "log.jsonl repeats steps the interrupted run logged after its checkpoint"
     resumed = {record["step"]: record["loss"] for record in losses if record["step"] > 8}
     assert sorted(resumed) == list(range(9, 19))
     for record in expected_losses:
