@@ -90,3 +90,20 @@ def test_cli_missing_column_names_the_available_ones(tmp_path, tiny_bert, sentim
     result = run_cli("train", str(config), "data.text_column=review", check=False)
     assert result.returncode == 2
     assert "review" in result.stderr and "sentence" in result.stderr
+
+
+def test_cli_early_stopping_best_model_and_tensorboard(tmp_path, tiny_bert, sentiment_files):
+    # A learning rate this small cannot change the accuracy, so the first evaluation stays the best
+    # and patience 1 stops the run at the second one.
+    config = classification_config(
+        tmp_path, tiny_bert, sentiment_files, run_name="patience", learning_rate=1e-12, eval_steps=2,
+        metric_for_best_model="eval_accuracy", early_stopping_patience=1, load_best_model_at_end=True,
+        report_to=["tensorboard"],
+    )
+    result = run_cli("train", str(config))
+    assert "early stopping" in result.stdout
+    metrics = json.loads((tmp_path / "patience" / "metrics.json").read_text())
+    assert metrics["global_step"] == 4 and metrics["best_step"] == 2
+    assert metrics["eval_accuracy"] == pytest.approx(metrics["best_metric"])
+    assert list((tmp_path / "patience" / "tracking").rglob("events.out.tfevents*"))
+    assert not (tmp_path / "patience" / "best_model").exists()

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from datasets import ClassLabel, Dataset, Features, Sequence, Value
+
+from pipelines.config import load_config
+from pipelines.data import DataError
+from tasks import get_task
+from tasks.classification import ClassificationTask
+from tests.conftest import write_jsonl
+
+
+def make_task(tmp_path, tiny_bert, rows_train, rows_eval, *overrides):
+    train = write_jsonl(tmp_path / "train.jsonl", rows_train)
+    valid = write_jsonl(tmp_path / "valid.jsonl", rows_eval)
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(f"task: classification\noutput_dir: {tmp_path / 'run'}\nmodel:\n  name_or_path: {tiny_bert}\n"
+                           f"data:\n  files:\n    train: {train}\n    validation: {valid}\n")
+    config = load_config(config_path, list(overrides), lambda name: get_task(name).Options)
+    task = ClassificationTask(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    return task, raw
+
+
+def test_classification_string_labels_sorted_and_mapped(tmp_path, tiny_bert):
+    rows = [{"text": "good", "label": "pos"}, {"text": "bad", "label": "neg"}, {"text": "ok", "label": "mid"}]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows[:2])
+    assert task.problem_type == "single_label" and task.label_names == ["mid", "neg", "pos"]
+    features = task.preprocess(raw["validation"], train=False)
+    assert features["labels"] == [2, 1]
+    model = task.build_model(raw)
+    assert model.config.id2label == {0: "mid", 1: "neg", 2: "pos"} and model.config.label2id["pos"] == 2
+
+
+def test_classification_label_outside_the_set_names_split_and_row(tmp_path, tiny_bert):
+    task, raw = make_task(tmp_path, tiny_bert, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}],
+                          [{"text": "a", "label": "x"}, {"text": "c", "label": "z"}])
+    with pytest.raises(DataError, match=r"'validation', row 1: label 'z' is not in the label set \['x', 'y'\]"):
+        task.preprocess(raw["validation"], train=False)
+
+
+def test_classification_explicit_label_names_fix_the_order(tmp_path, tiny_bert):
+    rows = [{"text": "a", "label": "neg"}, {"text": "b", "label": "pos"}]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows, "classification.label_names=[pos, neg]")
+    assert task.label_names == ["pos", "neg"]
+    assert task.preprocess(raw["train"], train=True)["labels"] == [1, 0]
+
+
+def test_classification_multi_label_multi_hot_and_metrics(tmp_path, tiny_bert):
+    rows = [{"text": "a", "label": ["x", "y"]}, {"text": "b", "label": ["z"]}, {"text": "c", "label": []}]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows)
+    assert task.problem_type == "multi_label" and task.label_names == ["x", "y", "z"]
+    features = task.preprocess(raw["validation"], train=False)
+    assert features["labels"] == [[1.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    model = task.build_model(raw)
+    assert model.config.problem_type == "multi_label_classification"
+    logits = np.array([[5.0, 5.0, -5.0], [-5.0, -5.0, 5.0], [-5.0, 5.0, -5.0]])
+    predictions = task.postprocess({"logits": logits}, features, raw["validation"])
+    assert predictions["predictions"].tolist() == [[1, 1, 0], [0, 0, 1], [0, 1, 0]]
+    metrics = task.compute_metrics(predictions, raw["validation"])
+    assert metrics["accuracy"] == pytest.approx(2 / 3)  # subset accuracy
+    assert metrics["f1_micro"] == pytest.approx(2 * 3 / (2 * 3 + 1))  # tp=3, fp=1, fn=0
+    rows_out = task.format_predictions(predictions, raw["validation"])
+    assert rows_out[0]["labels"] == ["x", "y"] and rows_out[2]["labels"] == ["y"]
+
+
+def test_classification_regression_from_float_labels(tmp_path, tiny_bert):
+    rows = [{"text": "a", "label": 0.5}, {"text": "b", "label": 4.0}, {"text": "c", "label": 2.5}]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows)
+    assert task.problem_type == "regression"
+    model = task.build_model(raw)
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+    features = task.preprocess(raw["validation"], train=False)
+    batch = task.collator(train=True)([features[i] for i in range(3)])
+    assert batch["labels"].dtype == torch.float32
+    assert model(**batch).loss.ndim == 0
+    predictions = task.postprocess({"logits": np.array([[0.4], [3.9], [2.6]])}, features, raw["validation"])
+    metrics = task.compute_metrics(predictions, raw["validation"])
+    assert metrics["pearson"] > 0.99 and metrics["spearmanr"] == pytest.approx(1.0)
+    assert metrics["mse"] == pytest.approx(np.mean([0.01, 0.01, 0.01]))
+
+
+def test_classification_class_label_feature_gives_names(tmp_path, tiny_bert):
+    task, _ = make_task(tmp_path, tiny_bert, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}], [{"text": "a", "label": "x"}])
+    data = Dataset.from_dict({"text": ["a", "b"], "label": [1, 0]},
+                             features=Features({"text": Value("string"), "label": ClassLabel(names=["negative", "positive"])}))
+    task.problem_type = task._infer_problem_type(data)
+    assert task._infer_label_names(data) == ["negative", "positive"]
+    multi = Dataset.from_dict({"text": ["a"], "label": [[0, 1]]},
+                              features=Features({"text": Value("string"), "label": Sequence(ClassLabel(names=["u", "v"]))}))
+    assert task._infer_problem_type(multi) == "multi_label"
+
+
+def test_classification_tokenisation_is_cached(tmp_path, tiny_bert):
+    rows = [{"text": f"sentence {i}", "label": "a" if i % 2 else "b"} for i in range(20)]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows[:5])
+    first = task.preprocess(raw["train"], train=True)
+    second = task.preprocess(raw["train"], train=True)
+    assert first.cache_files and first.cache_files == second.cache_files
