@@ -1,19 +1,15 @@
 """Matthews correlation coefficient (sklearn): -1 to 1, 0 for chance; robust to class imbalance."""
 
-import datasets
 import evaluate
 
 from sklearn.metrics import matthews_corrcoef
 
+from pipelines.metrics._info import LABELS, metric_info
+
 
 class MatthewsCorrelation(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="",
-            inputs_description="predictions and references, one per example",
-            features=[datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}), datasets.Features({"predictions": datasets.Sequence(datasets.Value("int64")), "references": datasets.Sequence(datasets.Value("int64"))})],
-        )
+        return metric_info(__doc__, LABELS)
 
     def _compute(self, predictions, references, sample_weight=None):
         return {"matthews_correlation": float(matthews_corrcoef(references, predictions, sample_weight=sample_weight))}

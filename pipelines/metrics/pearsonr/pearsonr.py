@@ -1,19 +1,15 @@
 """Pearson correlation between predicted and reference scores (scipy), with its p-value on request."""
 
-import datasets
 import evaluate
 
 from scipy.stats import pearsonr
 
+from pipelines.metrics._info import SCORES, metric_info
+
 
 class PearsonR(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="",
-            inputs_description="predictions and references, one per example",
-            features=datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}),
-        )
+        return metric_info(__doc__, SCORES)
 
     def _compute(self, predictions, references, return_pvalue=False):
         statistic, pvalue = pearsonr(references, predictions)
