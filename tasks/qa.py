@@ -592,21 +592,19 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
 
     def _sanitize_parameters(self, top_k=None, doc_stride=None, max_seq_len=None, max_answer_len=None, n_best_size=None,
                              handle_impossible_answer=None, null_score_diff_threshold=None, **unused):
+        # Only what the caller gave: call-time values then override construction-time ones, and
+        # the run's defaults fill the rest in preprocess/postprocess.
         if unused:
             raise TypeError(f"unknown question-answering pipeline option(s): {sorted(unused)}")
-        defaults = self._run_defaults()
-        pick = lambda value, key: defaults[key] if value is None else value  # noqa: E731
-        preprocess = {"doc_stride": pick(doc_stride, "doc_stride"), "max_seq_len": pick(max_seq_len, "max_seq_len")}
-        top_k = pick(top_k, "top_k")
-        if top_k < 1:
+        if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
-        postprocess = {
-            "top_k": top_k, "max_answer_len": pick(max_answer_len, "max_answer_len"),
-            "n_best_size": max(pick(n_best_size, "n_best_size"), top_k),
-            "handle_impossible_answer": pick(handle_impossible_answer, "handle_impossible_answer"),
-            "null_score_diff_threshold": pick(null_score_diff_threshold, "null_score_diff_threshold"),
-        }
-        return preprocess, {}, postprocess
+        given = lambda **values: {key: value for key, value in values.items() if value is not None}  # noqa: E731
+        return (
+            given(doc_stride=doc_stride, max_seq_len=max_seq_len),
+            {},
+            given(top_k=top_k, max_answer_len=max_answer_len, n_best_size=n_best_size,
+                  handle_impossible_answer=handle_impossible_answer, null_score_diff_threshold=null_score_diff_threshold),
+        )
 
     def __call__(self, *args, question=None, context=None, **kwargs):
         if question is not None or context is not None:
@@ -630,7 +628,9 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
         kwargs.pop("batch_size", None)
         return super().__call__(inputs, batch_size=1, **kwargs)
 
-    def preprocess(self, example: dict[str, str], doc_stride: int, max_seq_len: int) -> dict[str, Any]:
+    def preprocess(self, example: dict[str, str], **options) -> dict[str, Any]:
+        options = {**self._run_defaults(), **options}
+        doc_stride, max_seq_len = options["doc_stride"], options["max_seq_len"]
         if not isinstance(example, dict) or not {"question", "context"} <= set(example):
             raise ValueError(f"a question-answering input needs 'question' and 'context', got {example!r}")
         question, context = example["question"], example["context"]
@@ -650,8 +650,11 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
         outputs = self.model(**inputs["model_inputs"])
         return {**inputs, "model_inputs": None, "start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
 
-    def postprocess(self, outputs: dict[str, Any], top_k: int, max_answer_len: int, n_best_size: int,
-                    handle_impossible_answer: bool, null_score_diff_threshold: float):
+    def postprocess(self, outputs: dict[str, Any], **options):
+        options = {**self._run_defaults(), **options}
+        top_k, max_answer_len = options["top_k"], options["max_answer_len"]
+        n_best_size = max(options["n_best_size"], top_k)
+        handle_impossible_answer, null_score_diff_threshold = options["handle_impossible_answer"], options["null_score_diff_threshold"]
         starts, ends = outputs["start_logits"].float().numpy(), outputs["end_logits"].float().numpy()
         (result,) = postprocess_qa_predictions(
             [outputs["context"]], [0] * len(starts), outputs["offset_mapping"], starts, ends, outputs["cls_index"],
