@@ -1,0 +1,395 @@
+"""Units of the QA task: readers, window labelling, n-best postprocessing, SQuAD metrics, bad input, pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.config import load_config
+from pipelines.data import DataError
+from pipelines.metrics import load_metric
+from pipelines.metrics.squad_scoring import f1_score, normalize_answer, squad_v1_scores, squad_v2_scores
+from pipelines.modeling import load_tokenizer
+from tasks import get_task
+from tasks.qa import (
+    answer_token_span,
+    flatten_squad_json,
+    postprocess_qa_predictions,
+    prepare_features,
+    read_squad_file,
+    register_qa_pipeline,
+)
+from tests.conftest import REPO_ROOT, write_jsonl
+
+WORDS = "the film was a story with very and plot actors it is of scenes".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_bert):
+    return load_tokenizer(str(tiny_bert))
+
+
+def qa_config(tmp_path: Path, model: Path, files: dict[str, Path], **qa) -> object:
+    qa_yaml = "\n".join(f"  {key}: {json.dumps(value)}" for key, value in qa.items()) or "  {}"
+    path = tmp_path / "qa.yaml"
+    path.write_text(f"""task: qa
+output_dir: {tmp_path / 'run'}
+model:
+  name_or_path: {model}
+data:
+  files:
+    train: {files['train']}
+    validation: {files['validation']}
+  max_seq_length: 24
+qa:
+{qa_yaml}
+""")
+    return load_config(path, [], lambda name: get_task(name).Options)
+
+
+def context_with(answer_at: int, answer: str = "plot actors", length: int = 40) -> tuple[str, int]:
+    """``length`` filler words with ``answer`` inserted as word ``answer_at``; returns (context, answer_start)."""
+    words = [WORDS[i % len(WORDS)] for i in range(length)]
+    words.insert(answer_at, answer)
+    before = " ".join(words[:answer_at])
+    return " ".join(words), len(before) + 1 if before else 0
+
+
+# ----- readers ---------------------------------------------------------------------------------
+def test_qa_nested_json_reader_flattens_and_honours_is_impossible(tmp_path):
+    document = {"version": "v2.0", "data": [{"title": "T", "paragraphs": [{"context": "alice met bob", "qas": [
+        {"id": "a", "question": "who met bob?", "answers": [{"text": "alice", "answer_start": 0}, {"text": "alice", "answer_start": 0}]},
+        {"id": "b", "question": "who met carol?", "answers": [], "is_impossible": True,
+         "plausible_answers": [{"text": "bob", "answer_start": 10}]},
+    ]}]}]}
+    path = tmp_path / "nested.json"
+    path.write_text(json.dumps(document))
+    rows = read_squad_file(path)
+    assert [row["id"] for row in rows] == ["a", "b"]
+    assert rows[0] == {"id": "a", "title": "T", "context": "alice met bob", "question": "who met bob?",
+                       "answers": {"text": ["alice", "alice"], "answer_start": [0, 0]}}
+    assert rows[1]["answers"] == {"text": [], "answer_start": []}
+
+
+def test_qa_reader_detects_jsonl_with_either_answer_layout(tmp_path):
+    path = write_jsonl(tmp_path / "flat.json", [
+        {"id": 7, "question": "q1", "context": "c one", "answers": {"text": ["one"], "answer_start": [2]}},
+        {"question": "q2", "context": "c two", "answers": [{"text": "two", "answer_start": 2}]},
+        {"question": "q3", "context": "c three"},
+    ])
+    rows = read_squad_file(path)
+    assert [row["id"] for row in rows] == ["7", "1", "2"]
+    assert rows[1]["answers"] == {"text": ["two"], "answer_start": [2]}
+    assert rows[2]["answers"] == {"text": [], "answer_start": []}
+
+
+def test_qa_reader_errors_name_the_place(tmp_path):
+    with pytest.raises(DataError, match=r"data\[0\]\.paragraphs\[0\]\.qas\[1\].*'question'"):
+        flatten_squad_json({"data": [{"paragraphs": [{"context": "c", "qas": [{"question": "q"}, {"id": "x"}]}]}]}, "f.json")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "context": "c"}\nnot json\n')
+    with pytest.raises(DataError, match="line 2"):
+        read_squad_file(bad)
+
+
+# ----- windows and labels ------------------------------------------------------------------------
+def test_qa_answer_token_span_on_hand_made_offsets():
+    # [CLS] q [SEP] "aa" "bb" "cc" [SEP] over the context "aa bb cc"
+    offsets = [None, None, None, [0, 2], [3, 5], [6, 8], None]
+    assert answer_token_span(offsets, 3, 8, cls_index=0) == (4, 5)
+    assert answer_token_span(offsets, 0, 2, cls_index=0) == (3, 3)
+    assert answer_token_span(offsets, 6, 12, cls_index=0) == (0, 0)  # runs past the window's end
+
+
+def label_windows(tokenizer, context: str, answer: str, start: int | None, **window) -> list[str | None]:
+    """The text each window's label points at (None = the CLS position)."""
+    answers = {"text": [answer], "answer_start": [start]} if start is not None else {"text": [], "answer_start": []}
+    batch = {"question": ["who is it ?"], "context": [context], "answers": [answers]}
+    features = prepare_features(batch, [0], tokenizer=tokenizer, train=True, **window)
+    eval_features = prepare_features(batch, [0], tokenizer=tokenizer, train=False, **window)
+    texts = []
+    for window_index, (s, e) in enumerate(zip(features["start_positions"], features["end_positions"])):
+        cls = eval_features["cls_index"][window_index]
+        assert len(features["input_ids"][window_index]) <= window["max_length"]
+        if (s, e) == (cls, cls):
+            texts.append(None)
+        else:
+            offsets = eval_features["offset_mapping"][window_index]
+            texts.append(context[offsets[s][0] : offsets[e][1]])
+    return texts
+
+
+def test_qa_labels_answer_in_first_second_and_no_window(tokenizer):
+    window = {"max_length": 24, "doc_stride": 8}
+    context, start = context_with(2)
+    labels = label_windows(tokenizer, context, "plot actors", start, **window)
+    assert len(labels) >= 3 and labels[0] == "plot actors" and labels[-1] is None
+
+    context, start = context_with(22)
+    labels = label_windows(tokenizer, context, "plot actors", start, **window)
+    assert labels[0] is None and "plot actors" in labels[1:]
+
+    labels = label_windows(tokenizer, context, "", None, **window)
+    assert labels == [None] * len(labels)
+
+
+def test_qa_answer_across_a_window_edge_is_labelled_only_where_whole(tokenizer):
+    window = {"max_length": 24, "doc_stride": 8}
+    question_tokens = len(tokenizer("who is it ?", add_special_tokens=False)["input_ids"])
+    room = 24 - 3 - question_tokens  # context tokens per window
+    words = [WORDS[i % len(WORDS)] for i in range(40)]
+    # The two answer words sit on the first window's last and the second window's tokens.
+    answer_at = room - 1
+    context = " ".join(words[:answer_at] + ["plot", "actors"] + words[answer_at:])
+    start = len(" ".join(words[:answer_at])) + 1
+    labels = label_windows(tokenizer, context, "plot actors", start, **window)
+    assert labels[0] is None
+    assert labels[1] == "plot actors"
+
+
+def test_qa_eval_features_keep_context_only_offsets(tokenizer):
+    context, _ = context_with(3)
+    batch = {"question": ["who is it ?"], "context": [context], "answers": [{"text": [], "answer_start": []}]}
+    features = prepare_features(batch, [5], tokenizer=tokenizer, train=False, max_length=24, doc_stride=8)
+    assert set(features["example_index"]) == {5}
+    for ids, offsets, cls in zip(features["input_ids"], features["offset_mapping"], features["cls_index"]):
+        assert ids[cls] == tokenizer.cls_token_id
+        assert offsets[0] is None and offsets[-1] is None  # CLS and the final SEP
+        assert offsets[1] is None  # a question token
+        assert any(offset is not None for offset in offsets)
+    assert "start_positions" not in features
+
+
+# ----- postprocessing ----------------------------------------------------------------------------
+CONTEXT = "aa bb cc dd ee ff"
+# [CLS] q [SEP] aa bb cc [SEP]  and  [CLS] q [SEP] cc dd ee ff [SEP]   (windows overlap on "cc")
+WINDOW_1 = [None, None, None, [0, 2], [3, 5], [6, 8], None]
+WINDOW_2 = [None, None, None, [6, 8], [9, 11], [12, 14], [15, 17], None]
+
+
+def logits(width: int, **values: float) -> np.ndarray:
+    array = np.full(width, -10.0)
+    for key, value in values.items():
+        array[int(key[1:])] = value
+    return array
+
+
+def test_qa_postprocess_nbest_order_and_probabilities():
+    (result,) = postprocess_qa_predictions(
+        [CONTEXT], [0], [WINDOW_1], [logits(7, p3=5.0, p4=4.0)], [logits(7, p4=5.0, p5=3.0)], [0], n_best_size=4,
+    )
+    assert [c["text"] for c in result["nbest"]] == ["aa bb", "bb", "aa bb cc", "bb cc"]
+    assert [c["score"] for c in result["nbest"]] == [10.0, 9.0, 8.0, 7.0]
+    assert result["prediction_text"] == "aa bb" and (result["start"], result["end"]) == (0, 5)
+    probabilities = [c["probability"] for c in result["nbest"]]
+    assert sum(probabilities) == pytest.approx(1.0) and probabilities == sorted(probabilities, reverse=True)
+    assert result["score"] == pytest.approx(probabilities[0]) and result["no_answer_probability"] == 0.0
+
+
+def test_qa_postprocess_respects_max_answer_length_and_order():
+    (result,) = postprocess_qa_predictions(
+        [CONTEXT], [0], [WINDOW_1], [logits(7, p3=5.0, p5=1.0)], [logits(7, p3=-1.0, p5=5.0)], [0],
+        n_best_size=3, max_answer_length=1,
+    )
+    texts = [c["text"] for c in result["nbest"]]
+    assert texts[0] == "cc"  # "aa bb cc" (score 10) is 3 tokens long
+    assert "aa bb cc" not in texts and all(" " not in text for text in texts)
+    # an end before the start is never a span
+    (result,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], [logits(7, p5=9.0)], [logits(7, p3=9.0)], [0], n_best_size=1)
+    assert result["prediction_text"] == ""
+
+
+def test_qa_postprocess_never_answers_from_question_or_padding():
+    padded_start = np.concatenate([logits(7, p3=1.0), [50.0, 50.0]])  # positions 7, 8 are padding
+    padded_end = np.concatenate([logits(7, p3=1.0), [50.0, 50.0]])
+    (result,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], [padded_start], [padded_end], [0])
+    assert result["prediction_text"] == "aa"
+    (result,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], [logits(7, p1=20.0, p3=1.0)], [logits(7, p1=20.0, p3=1.0)], [0])
+    assert result["prediction_text"] == "aa"
+
+
+def test_qa_postprocess_answer_spanning_a_window_edge_comes_from_the_window_that_holds_it():
+    starts = [logits(7, p5=6.0), logits(8, p3=6.0)]  # "cc" starts the answer in both windows
+    ends = [logits(7, p5=2.0), logits(8, p5=7.0)]  # window 1 ends at its edge, window 2 reaches "ee"
+    (result,) = postprocess_qa_predictions([CONTEXT], [0, 0], [WINDOW_1, WINDOW_2], starts, ends, [0, 0])
+    assert result["prediction_text"] == "cc dd ee"
+    # the span "cc" is proposed by both windows but listed once, with its best score
+    texts = [c["text"] for c in result["nbest"]]
+    assert texts.count("cc") == 1
+    assert next(c for c in result["nbest"] if c["text"] == "cc")["score"] == pytest.approx(8.0)
+
+
+def test_qa_postprocess_v2_null_answer_uses_the_minimum_null_over_windows():
+    # Window 1 is sure there is no answer here; window 2 holds a good span and a low null score.
+    starts = [logits(7, p0=8.0, p3=1.0), logits(8, p0=1.0, p4=5.0)]
+    ends = [logits(7, p0=8.0, p3=1.0), logits(8, p0=1.0, p4=5.0)]
+    (result,) = postprocess_qa_predictions([CONTEXT], [0, 0], [WINDOW_1, WINDOW_2], starts, ends, [0, 0], version_2_with_negative=True)
+    assert result["prediction_text"] == "dd"
+    assert result["null_score_diff"] == pytest.approx(2.0 - 10.0)
+    null = next(c for c in result["nbest"] if c["text"] == "")
+    assert result["no_answer_probability"] == pytest.approx(null["probability"])
+    assert 0.0 < result["no_answer_probability"] < 0.01
+
+    starts = [logits(7, p0=8.0, p3=3.0)]
+    ends = [logits(7, p0=8.0, p3=3.0)]
+    (result,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], starts, ends, [0], version_2_with_negative=True)
+    assert result["prediction_text"] == "" and (result["start"], result["end"]) == (0, 0)
+    assert result["null_score_diff"] == pytest.approx(16.0 - 6.0)
+    assert result["no_answer_probability"] > 0.99 and result["score"] == result["no_answer_probability"]
+    (answered,) = postprocess_qa_predictions(
+        [CONTEXT], [0], [WINDOW_1], starts, ends, [0], version_2_with_negative=True, null_score_diff_threshold=11.0
+    )
+    assert answered["prediction_text"] == "aa"
+    assert answered["no_answer_probability"] == pytest.approx(result["no_answer_probability"])
+
+
+def test_qa_postprocess_groups_windows_by_example():
+    contexts = ["aa bb cc", CONTEXT]
+    results = postprocess_qa_predictions(
+        contexts, [1, 0], [WINDOW_2, WINDOW_1], [logits(8, p6=5.0), logits(7, p4=5.0)], [logits(8, p6=5.0), logits(7, p4=5.0)], [0, 0],
+    )
+    assert [r["prediction_text"] for r in results] == ["bb", "ff"]
+
+
+# ----- metrics -----------------------------------------------------------------------------------
+def test_qa_metric_normalisation_and_f1_by_hand():
+    assert normalize_answer("The  Cat, sat!  ") == "cat sat"
+    assert normalize_answer("an Apple a day") == "apple day"
+    assert f1_score("the cat sat", "a cat sat down") == pytest.approx(0.8)  # P 2/2, R 2/3
+    assert f1_score("", "") == 1.0 and f1_score("cat", "") == 0.0
+
+
+def test_qa_squad_metric_on_hand_made_predictions():
+    predictions = {"1": "The Cat", "2": "in Paris, France", "3": "blue"}
+    references = {"1": ["cat", "a dog"], "2": ["Paris", "France"], "3": ["red"]}
+    # EM: 1, 0, 0; F1: 1, max(2*(1/3)*1/(4/3)=0.5, 0.5), 0
+    scores = squad_v1_scores(predictions, references)
+    assert scores == {"exact_match": pytest.approx(100 / 3), "f1": pytest.approx(50.0)}
+    metric = load_metric("squad")
+    module = metric.compute(
+        predictions=[{"id": k, "prediction_text": v} for k, v in predictions.items()],
+        references=[{"id": k, "answers": {"text": v, "answer_start": [0] * len(v)}} for k, v in references.items()],
+    )
+    assert module == pytest.approx(scores)
+
+
+def test_qa_squad_v2_metric_splits_and_best_threshold():
+    predictions = {"q1": "alice", "q2": "x", "q3": "y", "q4": ""}
+    references = {"q1": ["Alice"], "q2": [], "q3": ["bob"], "q4": []}
+    na = {"q1": 0.1, "q2": 0.6, "q3": 0.8, "q4": 0.9}
+    scores = squad_v2_scores(predictions, references, na)
+    assert scores["exact"] == pytest.approx(50.0) and scores["f1"] == pytest.approx(50.0)
+    assert scores["HasAns_exact"] == pytest.approx(50.0) and scores["HasAns_total"] == 2
+    assert scores["NoAns_f1"] == pytest.approx(50.0) and scores["NoAns_total"] == 2
+    # Abstaining on everything scores 2/4; answering q1 (na 0.1) only scores 3/4; q2 then costs 1.
+    assert scores["best_exact"] == pytest.approx(75.0) and scores["best_exact_thresh"] == pytest.approx(0.1)
+    assert scores["best_f1"] == pytest.approx(75.0) and scores["best_f1_thresh"] == pytest.approx(0.1)
+    module = load_metric("squad_v2").compute(
+        predictions=[{"id": k, "prediction_text": v, "no_answer_probability": na[k]} for k, v in predictions.items()],
+        references=[{"id": k, "answers": {"text": v, "answer_start": [0] * len(v)}} for k, v in references.items()],
+    )
+    assert module == pytest.approx(scores)
+    # An explicit threshold turns confident no-answer predictions into abstentions.
+    strict = squad_v2_scores(predictions, references, na, no_answer_threshold=0.5)
+    assert strict["exact"] == pytest.approx(75.0)
+
+
+# ----- configs and bad input ---------------------------------------------------------------------
+@pytest.mark.parametrize("name, v2", [("squad", False), ("squad_v2", True)])
+def test_qa_configs_load(name, v2):
+    path = REPO_ROOT / "configs" / "qa" / f"{name}.yaml"
+    assert path.read_text().startswith("# Run:")
+    config = load_config(path, ["data.files.train=t.json", "data.files.validation=d.json"], lambda task: get_task(task).Options)
+    assert config.task == "qa" and config.task_options.version_2_with_negative is v2
+    assert config.data.path == f"rajpurkar/{name}" and config.data.files == {"train": "t.json", "validation": "d.json"}
+    assert config.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (config.data.max_seq_length, config.task_options.doc_stride) == (384, 128)
+
+
+def squad_file(path: Path, items: list[tuple[str, str, list]]) -> Path:
+    qas = [{"id": f"q{i}", "question": q, "answers": answers} for i, (q, c, answers) in enumerate(items)]
+    paragraphs = [{"context": c, "qas": [qa]} for (q, c, answers), qa in zip(items, qas)]
+    path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": paragraphs}]}))
+    return path
+
+
+def build_task(tmp_path, tiny_bert, train_items, **qa):
+    valid = squad_file(tmp_path / "dev.json", [("who is it ?", "the film was good", [{"text": "film", "answer_start": 4}])])
+    qa = {"doc_stride": 8, **qa}
+    config = qa_config(tmp_path, tiny_bert, {"train": squad_file(tmp_path / "train.json", train_items), "validation": valid}, **qa)
+    task = get_task("qa")(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    return task, raw
+
+
+def test_qa_answer_mismatch_fails_or_is_skipped_with_a_count(tmp_path, tiny_bert, caplog):
+    items = [
+        ("who is it ?", "the film was good", [{"text": "film", "answer_start": 4}]),
+        ("who is it ?", "the plot was good", [{"text": "plot", "answer_start": 5}]),
+        ("who is it ?", "the story was good", [{"text": "actors", "answer_start": 4}]),
+    ]
+    task, raw = build_task(tmp_path, tiny_bert, items)
+    with pytest.raises(DataError, match=r"2 training example\(s\).*example 1 \(id 'q1'\).*'plot' at 5.*'lot '"):
+        task.preprocess(raw["train"], train=True)
+    task, raw = build_task(tmp_path, tiny_bert, items, answer_mismatch="skip")
+    features = task.preprocess(raw["train"], train=True)
+    assert len(features) == 1
+    assert "2 training example(s)" in caplog.text and "'q1'" in caplog.text
+
+
+def test_qa_long_question_and_empty_context_name_the_example(tmp_path, tiny_bert):
+    long_question = " ".join(WORDS * 2)
+    task, raw = build_task(tmp_path, tiny_bert, [("who ?", "film", [{"text": "film", "answer_start": 0}]), (long_question, "the film", [{"text": "film", "answer_start": 4}])])
+    with pytest.raises(DataError, match=r"example 1 \(id 'q1'\): the question has \d+ tokens"):
+        task.preprocess(raw["train"], train=True)
+    with pytest.raises(DataError, match=r"example 1 \(id 'q1'\): the context is empty"):
+        build_task(tmp_path, tiny_bert, [("who ?", "film", [{"text": "film", "answer_start": 0}]), ("who ?", "  ", [])])
+
+
+def test_qa_unanswerable_question_needs_v2(tmp_path, tiny_bert):
+    items = [("who ?", "the film", [{"text": "film", "answer_start": 4}]), ("who ?", "the film", [])]
+    with pytest.raises(DataError, match=r"id 'q1'.*version_2_with_negative=true"):
+        build_task(tmp_path, tiny_bert, items)
+    task, raw = build_task(tmp_path, tiny_bert, items, version_2_with_negative=True)
+    features = task.preprocess(raw["train"], train=True)
+    assert features["start_positions"][1] == 0 and features["end_positions"][1] == 0
+
+
+def test_qa_collator_drops_postprocessing_columns(tmp_path, tiny_bert):
+    task, raw = build_task(tmp_path, tiny_bert, [("who ?", "the film", [{"text": "film", "answer_start": 4}])])
+    features = task.preprocess(raw["validation"], train=False)
+    assert {"example_index", "offset_mapping", "cls_index"} <= set(features.column_names)
+    batch = task.collator(train=False)([features[0]])
+    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask"}
+    train_batch = task.collator(train=True)([task.preprocess(raw["train"], train=True)[0]])
+    assert set(train_batch) == {"input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions"}
+
+
+# ----- the registered pipeline -------------------------------------------------------------------
+def test_qa_pipeline_is_registered_idempotently_and_answers_with_spans(tmp_path, tiny_bert):
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    register_qa_pipeline()
+    register_qa_pipeline()
+    assert "question-answering" in PIPELINE_REGISTRY.get_supported_tasks()
+    torch.manual_seed(0)
+    AutoModelForQuestionAnswering.from_pretrained(tiny_bert).save_pretrained(tmp_path / "qa")
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path / "qa")
+    qa = pipeline("question-answering", model=str(tmp_path / "qa"), max_seq_len=24, doc_stride=8)
+    context, _ = context_with(25)
+    answer = qa(question="who is it ?", context=context)
+    assert set(answer) == {"score", "start", "end", "answer"}
+    assert context[answer["start"] : answer["end"]] == answer["answer"] and 0 < answer["score"] <= 1
+    answers = qa(question="who is it ?", context=context, top_k=3)
+    assert len(answers) == 3 and answers[0] == answer
+    assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
+    batch = qa([{"question": "who is it ?", "context": context}, {"question": "what ?", "context": "the film was good"}])
+    assert len(batch) == 2 and batch[0] == answer
+    with pytest.raises(DataError, match="question has"):
+        qa(question=" ".join(WORDS * 2), context=context)
