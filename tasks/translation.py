@@ -23,6 +23,7 @@ Importing this module also registers a ``translation`` pipeline (transformers 5 
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -35,6 +36,7 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
+    DataCollatorWithPadding,
     EncoderDecoderModel,
     Pipeline,
     PretrainedConfig,
@@ -50,6 +52,10 @@ from pipelines.outputs import write_json
 from pipelines.modeling import ModelError
 
 logger = logging.getLogger(__name__)
+
+# EncoderDecoderModel warns on every loss computation about checkpoints trained before transformers 4.12;
+# bertpipe always lets the model compute the loss, so the warning says nothing about this run.
+warnings.filterwarnings("ignore", message="Version v4.12.0 introduces a better way", category=FutureWarning)
 
 GENERATIONS_FILE = "generations.jsonl"
 SIGNATURE_FILE = "sacrebleu_signature.json"
@@ -313,14 +319,14 @@ class TranslationTask:
         )
 
     def collator(self, *, train: bool):
-        pad_to = None
-        seq2seq = DataCollatorForSeq2Seq(self.tokenizer, model=self.model if train else None, label_pad_token_id=-100, pad_to_multiple_of=pad_to)
         if train:
-            return seq2seq
+            # With the model it also builds decoder_input_ids (labels shifted right behind the decoder start).
+            return DataCollatorForSeq2Seq(self.tokenizer, model=self.model, label_pad_token_id=-100)
+        padding = DataCollatorWithPadding(self.tokenizer)
 
         def generation_inputs(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             # Evaluation generates from the source alone; references are compared as text.
-            return seq2seq([{k: v for k, v in f.items() if k != "labels"} for f in features])
+            return padding([{k: v for k, v in f.items() if k != "labels"} for f in features])
 
         return generation_inputs
 
@@ -412,22 +418,25 @@ def to_language_columns(split: Dataset, languages: list[str], translation_column
             f"{{lang: text}} dicts; available columns: {split.column_names}. Set translation.source_lang / "
             "translation.target_lang to the language columns"
         )
-    pairs = split[translation_column]
+    present = [lang for lang in languages if lang in split.column_names]
+    return split.map(
+        _unpack_translation, batched=True, with_indices=True, remove_columns=[translation_column, *present],
+        fn_kwargs={"languages": languages, "translation_column": translation_column, "split_name": split_name},
+        desc="unpacking translation dicts",
+    )
+
+
+def _unpack_translation(batch: dict, indices: list[int], *, languages: list[str], translation_column: str, split_name: str) -> dict:
     columns: dict[str, list[str]] = {lang: [] for lang in languages}
-    for row, pair in enumerate(pairs):
+    for row, pair in zip(indices, batch[translation_column]):
         if not isinstance(pair, dict):
             raise DataError(f"split {split_name!r}, row {row}: {translation_column!r} holds {type(pair).__name__}, not a {{lang: text}} dict")
         for lang in languages:
-            if lang not in pair or pair[lang] is None:
+            if pair.get(lang) is None:
                 present = sorted(key for key, value in pair.items() if value is not None)
                 raise DataError(f"split {split_name!r}, row {row}: the {translation_column!r} dict has languages {present}, not {lang!r}")
             columns[lang].append(pair[lang])
-    split = split.remove_columns([translation_column])
-    for lang in languages:
-        if lang in split.column_names:
-            split = split.remove_columns([lang])
-        split = split.add_column(lang, columns[lang])
-    return split
+    return columns
 
 
 def empty_rows(split: Dataset, columns: list[str]) -> list[int]:
