@@ -337,8 +337,8 @@ class TranslationTask:
 
     def postprocess(self, outputs: dict[str, np.ndarray], features: Dataset, examples: Dataset) -> dict[str, Any]:
         generated = outputs[GENERATED_KEY]
-        # Position 0 holds the decoder start token in every row; gen_len counts what was generated.
-        gen_lens = (generated[:, 1:] != self.tokenizer.pad_token_id).sum(axis=1)
+        eos = self.model.generation_config.eos_token_id if self.model is not None else self.tokenizer.eos_token_id
+        gen_lens = generated_lengths(generated, eos, self.tokenizer.pad_token_id)
         hypotheses = decode(self.tokenizer, generated)
         return {"hypotheses": hypotheses, "gen_lens": gen_lens}
 
@@ -458,6 +458,20 @@ def strip_decoder_start(label_ids: list[int], decoder_start_token_id: int | None
     if decoder_start_token_id is not None and label_ids and label_ids[0] == decoder_start_token_id:
         return label_ids[1:]
     return label_ids
+
+
+def generated_lengths(generated: np.ndarray, eos_token_id: int | list[int] | None, pad_token_id: int) -> np.ndarray:
+    """Tokens generated per row after the decoder start (position 0), up to and including the first end token.
+
+    Finished beams are filled with pad, or with the end token when pad is 0 (generate() picks
+    ``pad_token_id or eos_token_id``), so counting non-pad tokens would overcount.
+    """
+    body = generated[:, 1:]
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    is_end = np.isin(body, eos) if eos else np.zeros(body.shape, dtype=bool)
+    until_pad = (body != pad_token_id).sum(axis=1)
+    first_end = np.where(is_end.any(axis=1), is_end.argmax(axis=1) + 1, until_pad)
+    return first_end
 
 
 def decode(tokenizer, generated: np.ndarray) -> list[str]:

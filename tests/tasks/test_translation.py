@@ -20,6 +20,7 @@ from tasks import get_task
 from tasks.translation import (
     TranslationTask,
     empty_rows,
+    generated_lengths,
     strip_decoder_start,
     tie_encoder_decoder_weights,
     to_language_columns,
@@ -109,6 +110,13 @@ def test_translation_strip_decoder_start_drops_only_a_leading_start_token():
     assert strip_decoder_start([2, 7, 8, 3], 2) == [7, 8, 3]
     assert strip_decoder_start([7, 2, 3], 2) == [7, 2, 3]
     assert strip_decoder_start([7, 8, 3], None) == [7, 8, 3]
+
+
+def test_translation_generated_lengths_stop_at_the_first_end_token():
+    # decoder start 2, end 3, pad 0; beam search fills finished rows with 3 when pad is 0
+    generated = np.array([[2, 7, 8, 3, 3, 3], [2, 7, 8, 9, 5, 3], [2, 7, 3, 0, 0, 0], [2, 7, 8, 9, 5, 6]])
+    assert generated_lengths(generated, 3, 0).tolist() == [3, 5, 2, 5]
+    assert generated_lengths(generated, [3, 9], 0).tolist() == [3, 3, 2, 3]
 
 
 def test_translation_tokenizer_lowercases_detects_uncased_wordpiece(tiny_bert, tmp_path):
