@@ -230,6 +230,8 @@ class TranslationTask:
             model = self._warm_start()
         else:
             model = self._load_seq2seq()
+        if isinstance(model, EncoderDecoderModel):
+            drop_encoder_pooler(model)
         self._configure_generation(model)
         self.model = model
         return model
@@ -504,6 +506,15 @@ def tie_encoder_decoder_weights(model: EncoderDecoderModel) -> int:
         model.register_state_dict_post_hook(_clone_shared_tensors)
         model._bertpipe_untie_hook = True
     return shared
+
+
+def drop_encoder_pooler(model: EncoderDecoderModel) -> bool:
+    """Remove the encoder's pooler ([CLS] -> dense -> tanh): an encoder-decoder never uses it, and under
+    DistributedDataParallel a parameter that gets no gradient is an error. Returns whether one was removed."""
+    if getattr(model.encoder, "pooler", None) is None:
+        return False
+    model.encoder.pooler = None
+    return True
 
 
 def _clone_shared_tensors(module, state_dict, prefix, local_metadata) -> None:

@@ -154,6 +154,7 @@ def test_translation_bert2bert_sets_special_tokens_and_generation_settings(tmp_p
     tokenizer = task.build_tokenizer(raw)
     model = task.build_model(raw)
     assert type(model).__name__ == "EncoderDecoderModel"
+    assert model.encoder.pooler is None  # unused by the decoder: DDP would fail on its missing gradients
     assert model.config.decoder.is_decoder and model.config.decoder.add_cross_attention
     for holder in (model.config, model.generation_config):
         assert (holder.decoder_start_token_id, holder.eos_token_id, holder.pad_token_id) == (
