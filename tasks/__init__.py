@@ -8,10 +8,12 @@ from __future__ import annotations
 from pipelines.task import Task
 from tasks.classification import ClassificationTask
 from tasks.qa import QATask
+from tasks.translation import TranslationTask
 
 TASKS: dict[str, type[Task]] = {
     "classification": ClassificationTask,
     "qa": QATask,
+    "translation": TranslationTask,
 }
 
 

@@ -1,0 +1,311 @@
+"""Units of the translation task: data layouts, labels and collation, BERT2BERT building and weight
+sharing, generation settings on save/reload, the sacreBLEU/chrF modules, a tiny Marian run, the configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+from datasets import Dataset
+
+from pipelines.config import load_config
+from pipelines.data import DataError
+from pipelines.metrics import load_metric
+from pipelines.modeling import ModelError
+from tasks import get_task
+from tasks.translation import (
+    TranslationTask,
+    empty_rows,
+    generated_lengths,
+    strip_decoder_start,
+    tie_encoder_decoder_weights,
+    to_language_columns,
+    tokenizer_lowercases,
+)
+from tests.conftest import REPO_ROOT, write_jsonl
+from tests.tasks.translation_data import build_tiny_marian, copy_rows, wmt_rows
+
+OPTIONS = lambda name: get_task(name).Options  # noqa: E731
+
+
+def make_task(tmp_path: Path, model_dir: Path, *, rows=None, overrides: list[str] = ()) -> TranslationTask:
+    files = {
+        "train": write_jsonl(tmp_path / "train.jsonl", rows or copy_rows(24, seed=1)),
+        "validation": write_jsonl(tmp_path / "validation.jsonl", copy_rows(5, seed=2)),
+    }
+    config = tmp_path / "translation.yaml"
+    config.write_text(f"""task: translation
+output_dir: {tmp_path / 'run'}
+model:
+  name_or_path: {model_dir}
+data:
+  files: {{train: {files['train']}, validation: {files['validation']}}}
+  max_seq_length: 16
+translation:
+  num_beams: 3
+  max_new_tokens: 7
+  length_penalty: 0.8
+""")
+    return TranslationTask(load_config(config, list(overrides), OPTIONS))
+
+
+# ----- data -----------------------------------------------------------------------------
+def test_translation_to_language_columns_unpacks_the_wmt_layout():
+    split = Dataset.from_list(wmt_rows(4, seed=0))
+    flat = to_language_columns(split, ["de", "en"], "translation", "train")
+    assert set(flat.column_names) == {"de", "en"}
+    assert [row["de"] for row in split["translation"]] == flat["de"]
+
+
+def test_translation_to_language_columns_keeps_flat_columns():
+    split = Dataset.from_list([{"en": "a film", "de": "ein film", "id": 1}])
+    assert to_language_columns(split, ["de", "en"], "translation", "train") is split
+
+
+def test_translation_missing_language_key_names_row_and_languages():
+    split = Dataset.from_list([{"translation": {"de": "ein film", "en": "a film"}}, {"translation": {"de": "gut", "fr": "bon"}}])
+    with pytest.raises(DataError, match=r"row 1.*\['de', 'fr'\].*'en'"):
+        to_language_columns(split, ["de", "en"], "translation", "train")
+
+
+def test_translation_missing_columns_lists_the_available_ones():
+    split = Dataset.from_list([{"source": "ein film", "target": "a film"}])
+    with pytest.raises(DataError, match=r"no column\(s\) \['de', 'en'\].*\['source', 'target'\]"):
+        to_language_columns(split, ["de", "en"], "translation", "train")
+
+
+def test_translation_empty_rows_finds_blank_sources_and_targets():
+    split = Dataset.from_list([{"de": "a", "en": "b"}, {"de": " ", "en": "b"}, {"de": "a", "en": ""}, {"de": "c", "en": "d"}])
+    assert empty_rows(split, ["de", "en"]) == [1, 2]
+
+
+def test_translation_empty_lines_fail_or_are_skipped_as_configured(tmp_path, tiny_bert):
+    rows = copy_rows(6, seed=3)
+    rows[2]["en"] = ""
+    task = make_task(tmp_path, tiny_bert, rows=rows)
+    with pytest.raises(DataError, match=r"split 'train': 1 row\(s\).*rows 2.*empty_lines=skip"):
+        task.load()
+    skipping = make_task(tmp_path, tiny_bert, rows=rows, overrides=["translation.empty_lines=skip"])
+    assert len(skipping.load()["train"]) == 5
+
+
+def test_translation_load_inputs_reads_txt_lines_and_jsonl_source_field(tmp_path, tiny_bert):
+    task = make_task(tmp_path, tiny_bert)
+    lines = tmp_path / "inputs.txt"
+    lines.write_text("film story\nplot very\n")
+    assert task.load_inputs(str(lines))["de"] == ["film story", "plot very"]
+    jsonl = write_jsonl(tmp_path / "inputs.jsonl", [{"de": "film plot", "id": 3}])
+    assert task.load_inputs(str(jsonl))["de"] == ["film plot"]
+    wrong = write_jsonl(tmp_path / "wrong.jsonl", [{"fr": "bon film"}])
+    with pytest.raises(DataError, match=r"no 'de' field"):
+        task.load_inputs(str(wrong))
+
+
+# ----- labels, collation ------------------------------------------------------------------
+def test_translation_strip_decoder_start_drops_only_a_leading_start_token():
+    assert strip_decoder_start([2, 7, 8, 3], 2) == [7, 8, 3]
+    assert strip_decoder_start([7, 2, 3], 2) == [7, 2, 3]
+    assert strip_decoder_start([7, 8, 3], None) == [7, 8, 3]
+
+
+def test_translation_generated_lengths_stop_at_the_first_end_token():
+    # decoder start 2, end 3, pad 0; beam search fills finished rows with 3 when pad is 0
+    generated = np.array([[2, 7, 8, 3, 3, 3], [2, 7, 8, 9, 5, 3], [2, 7, 3, 0, 0, 0], [2, 7, 8, 9, 5, 6]])
+    assert generated_lengths(generated, 3, 0).tolist() == [3, 5, 2, 5]
+    assert generated_lengths(generated, [3, 9], 0).tolist() == [3, 3, 2, 3]
+
+
+def test_translation_tokenizer_lowercases_detects_uncased_wordpiece(tiny_bert, tmp_path):
+    from transformers import AutoTokenizer
+
+    assert tokenizer_lowercases(AutoTokenizer.from_pretrained(tiny_bert))
+    assert not tokenizer_lowercases(AutoTokenizer.from_pretrained(build_tiny_marian(tmp_path / "marian")))
+
+
+def test_translation_collator_pads_labels_with_minus_100_and_shifts_decoder_inputs(tmp_path, tiny_bert):
+    task = make_task(tmp_path, tiny_bert)
+    raw = task.load()
+    tokenizer = task.build_tokenizer(raw)
+    features = task.preprocess(raw["train"], train=True)
+    model = task.build_model(raw)
+    cls, sep, pad = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
+    assert all(ids[0] != cls and ids[-1] == sep for ids in features["labels"])  # [CLS] is the decoder start, not a label
+    batch = task.collator(train=True)([features[i] for i in range(6)])
+    lengths = [len(features[i]["labels"]) for i in range(6)]
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
+    for row, length in enumerate(lengths):
+        assert (batch["labels"][row, length:] == -100).all() and (batch["labels"][row, :length] != -100).all()
+    assert (batch["decoder_input_ids"][:, 0] == cls).all()
+    shifted = batch["labels"][:, :-1].masked_fill(batch["labels"][:, :-1] == -100, pad)
+    assert torch.equal(batch["decoder_input_ids"][:, 1:], shifted)
+    assert model(**batch).loss.item() > 0
+    eval_batch = task.collator(train=False)([features[i] for i in range(3)])
+    assert set(eval_batch) == {"input_ids", "attention_mask"}
+
+
+# ----- BERT2BERT, weight sharing, generation settings ---------------------------------------
+def test_translation_bert2bert_sets_special_tokens_and_generation_settings(tmp_path, tiny_bert):
+    task = make_task(tmp_path, tiny_bert)
+    raw = task.load()
+    tokenizer = task.build_tokenizer(raw)
+    model = task.build_model(raw)
+    assert type(model).__name__ == "EncoderDecoderModel"
+    assert model.encoder.pooler is None  # unused by the decoder: DDP would fail on its missing gradients
+    assert model.config.decoder.is_decoder and model.config.decoder.add_cross_attention
+    for holder in (model.config, model.generation_config):
+        assert (holder.decoder_start_token_id, holder.eos_token_id, holder.pad_token_id) == (
+            tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
+    gen = model.generation_config
+    assert (gen.num_beams, gen.max_new_tokens, gen.length_penalty) == (3, 7, 0.8)
+    assert task.output_pad_values["generated_tokens"] == tokenizer.pad_token_id
+
+    model.save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    reloaded_task = make_task(tmp_path, tiny_bert)
+    reloaded_task.build_tokenizer(None, model_path=str(tmp_path / "saved"))
+    reloaded = reloaded_task.build_model(None, model_path=str(tmp_path / "saved"))
+    assert type(reloaded).__name__ == "EncoderDecoderModel"
+    gen = reloaded.generation_config
+    assert (gen.num_beams, gen.max_new_tokens, gen.length_penalty, gen.decoder_start_token_id) == (3, 7, 0.8, tokenizer.cls_token_id)
+    saved = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
+    assert saved["num_beams"] == 3 and saved["max_new_tokens"] == 7
+    # Generation is bounded by max_new_tokens, not by a 20-token default.
+    inputs = tokenizer(["film story plot"], return_tensors="pt", return_token_type_ids=False)
+    long_run = reloaded.generate(**inputs, max_new_tokens=30, min_new_tokens=30, num_beams=1)
+    assert long_run.shape[1] == 31
+
+
+def test_translation_tied_bert2bert_shares_weights_and_survives_reload(tmp_path, tiny_bert):
+    from transformers import AutoModelForSeq2SeqLM
+
+    task = make_task(tmp_path, tiny_bert, overrides=["translation.tie_encoder_decoder=true"])
+    raw = task.load()
+    task.build_tokenizer(raw)
+    model = task.build_model(raw)
+    encoder_weight = model.encoder.embeddings.word_embeddings.weight
+    assert model.decoder.bert.embeddings.word_embeddings.weight is encoder_weight
+    assert model.decoder.bert.encoder.layer[1].attention.self.query.weight is model.encoder.encoder.layer[1].attention.self.query.weight
+    assert model.decoder.bert.encoder.layer[0].crossattention.self.query.weight is not None  # the decoder's own
+    untied = sum(p.numel() for p in make_untied(tmp_path, tiny_bert).parameters())
+    assert sum(p.numel() for p in model.parameters()) < untied
+    with torch.no_grad():
+        encoder_weight.add_(0.5)  # move the shared weights away from the checkpoint's
+    model.save_pretrained(tmp_path / "tied")
+    task.tokenizer.save_pretrained(tmp_path / "tied")
+
+    plain = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "tied")  # what pipeline() loads: full copies on disk
+    assert torch.equal(plain.decoder.bert.embeddings.word_embeddings.weight, encoder_weight)
+    reloaded_task = make_task(tmp_path, tiny_bert)
+    reloaded_task.build_tokenizer(None, model_path=str(tmp_path / "tied"))
+    reloaded = reloaded_task.build_model(None, model_path=str(tmp_path / "tied"))
+    assert reloaded.decoder.bert.embeddings.word_embeddings.weight is reloaded.encoder.embeddings.word_embeddings.weight
+    assert torch.equal(reloaded.encoder.embeddings.word_embeddings.weight, encoder_weight)
+
+
+def make_untied(tmp_path: Path, tiny_bert: Path):
+    folder = tmp_path / "untied"
+    folder.mkdir()
+    task = make_task(folder, tiny_bert)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    return task.build_model(raw)
+
+
+def test_translation_tie_weights_needs_common_parameters(tmp_path, tiny_bert):
+    task = make_task(tmp_path, tiny_bert)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    model = task.build_model(raw)
+    assert tie_encoder_decoder_weights(model) == len(list(model.encoder.embeddings.parameters())) + len(
+        [name for name, _ in model.encoder.encoder.named_parameters()])
+
+
+def test_translation_encoder_that_cannot_decode_is_a_clear_error(tmp_path, tiny_bert):
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
+
+    distil = tmp_path / "distil"
+    config = DistilBertConfig(vocab_size=AutoTokenizer.from_pretrained(tiny_bert).vocab_size, dim=32, n_layers=1, n_heads=2, hidden_dim=64)
+    DistilBertModel(config).save_pretrained(distil)
+    task = make_task(tmp_path, tiny_bert, overrides=[f"translation.decoder_name_or_path={distil}"])
+    raw = task.load()
+    task.build_tokenizer(raw)
+    with pytest.raises(ModelError, match=r"cannot serve as a decoder.*decoder_name_or_path"):
+        task.build_model(raw)
+
+
+# ----- metrics ------------------------------------------------------------------------------
+HYPOTHESES = ["The cat sat on the mat.", "A dog runs in the park today", "Hello world"]
+REFERENCES = ["The cat sat on a mat.", "a dog is running in the park.", "hello , world"]
+SECOND_REFERENCES = ["A cat sat on the mat.", "The dog runs in a park.", "Hello world!"]
+
+
+def test_translation_sacrebleu_module_matches_sacrebleu():
+    metric = load_metric("sacrebleu")
+    result = metric.compute(predictions=HYPOTHESES, references=[[r] for r in REFERENCES])
+    direct = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES])
+    assert result["score"] == pytest.approx(direct.score)
+    assert result["counts"] == direct.counts and result["sys_len"] == direct.sys_len
+    lower = metric.compute(predictions=HYPOTHESES, references=[[r] for r in REFERENCES], lowercase=True)
+    assert lower["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES], lowercase=True).score)
+    assert lower["score"] > result["score"] and "case:lc" in lower["signature"] and "tok:13a" in lower["signature"]
+    two = metric.compute(predictions=HYPOTHESES, references=[list(p) for p in zip(REFERENCES, SECOND_REFERENCES)])
+    assert two["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES, SECOND_REFERENCES]).score)
+    perfect = metric.compute(predictions=REFERENCES, references=[[r] for r in REFERENCES])
+    assert perfect["score"] == pytest.approx(100.0)
+
+
+def test_translation_chrf_module_matches_sacrebleu():
+    metric = load_metric("chrf")
+    result = metric.compute(predictions=HYPOTHESES, references=[[r] for r in REFERENCES])
+    assert result["score"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
+    plus = metric.compute(predictions=HYPOTHESES, references=[[r] for r in REFERENCES], word_order=2, lowercase=True)
+    direct = sacrebleu.metrics.CHRF(word_order=2, lowercase=True).corpus_score(HYPOTHESES, [REFERENCES])
+    assert plus["score"] == pytest.approx(direct.score) and "nw:2" in plus["signature"]
+
+
+def test_translation_compute_metrics_lowercases_for_an_uncased_tokenizer(tmp_path, tiny_bert):
+    task = make_task(tmp_path, tiny_bert)
+    task.build_tokenizer(None, model_path=str(tiny_bert))
+    examples = Dataset.from_list([{"de": "x", "en": r} for r in REFERENCES])
+    hypotheses = [h.lower() for h in HYPOTHESES]
+    metrics = task.compute_metrics({"hypotheses": hypotheses, "gen_lens": np.array([6, 7, 2])}, examples)
+    assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [REFERENCES], lowercase=True).score)
+    assert metrics["gen_len"] == pytest.approx(5.0) and metrics["bleu_lowercased"] == 1.0
+
+
+# ----- a seq2seq checkpoint (Marian) through the loop, and the configs ------------------------
+def test_translation_marian_config_trains_a_tiny_marian(tmp_path):
+    from pipelines.train import train
+
+    marian = build_tiny_marian(tmp_path / "marian")
+    train_file = write_jsonl(tmp_path / "train.jsonl", wmt_rows(16, seed=0))
+    valid_file = write_jsonl(tmp_path / "validation.jsonl", wmt_rows(5, seed=1))
+    config = load_config(REPO_ROOT / "configs/translation/wmt16_marian.yaml", [
+        f"model.name_or_path={marian}", f"output_dir={tmp_path / 'run'}",
+        f"data.files={{train: {train_file}, validation: {valid_file}}}",
+        "train.max_steps=2", "train.batch_size=4", "train.eval_steps=null", "train.torch_num_threads=1",
+        "translation.max_new_tokens=5", "translation.num_beams=2",
+    ], OPTIONS)
+    metrics = train(config, get_task("translation")(config))
+    assert metrics["global_step"] == 2 and metrics["eval_samples"] == 5
+    assert {"eval_bleu", "eval_chrf", "eval_gen_len"} <= set(metrics) and 0 < metrics["eval_gen_len"] <= 5
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model_type"] == "marian" and saved["decoder_start_token_id"] == 0
+    generation = json.loads((tmp_path / "run" / "generation_config.json").read_text())
+    assert generation["num_beams"] == 2 and generation["max_new_tokens"] == 5
+    assert len((tmp_path / "run" / "generations.jsonl").read_text().splitlines()) == 5
+
+
+def test_translation_configs_load():
+    multi30k = load_config(REPO_ROOT / "configs/translation/multi30k_de_en.yaml", [], OPTIONS)
+    assert multi30k.task == "translation" and multi30k.data.path == "bentrevett/multi30k"
+    assert multi30k.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (multi30k.task_options.source_lang, multi30k.task_options.target_lang) == ("de", "en")
+    marian = load_config(REPO_ROOT / "configs/translation/wmt16_marian.yaml", [], OPTIONS)
+    assert marian.model.name_or_path == "Helsinki-NLP/opus-mt-de-en" and marian.data.name == "de-en"
+    for path in (REPO_ROOT / "configs/translation").glob("*.yaml"):
+        assert path.read_text().startswith("# Run:"), path

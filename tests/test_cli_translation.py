@@ -1,0 +1,119 @@
+"""End to end through the CLI: BERT2BERT from a tiny BERT learns a copy task -> evaluate -> predict ->
+pipeline("translation") on the run directory agrees with predict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, write_config, write_jsonl
+from tests.tasks.translation_data import copy_rows
+
+
+def translation_config(tmp_path: Path, tiny_bert: Path, files: dict[str, Path]) -> Path:
+    return write_config(tmp_path / "copy.yaml", f"""# test config
+task: translation
+output_dir: {tmp_path / 'run'}
+seed: 3
+model:
+  name_or_path: {tiny_bert}
+data:
+  files:
+    train: {files['train']}
+    validation: {files['validation']}
+  max_seq_length: 16
+train:
+  num_epochs: 12
+  batch_size: 16
+  learning_rate: 5.0e-3
+  lr_scheduler: constant
+  logging_steps: 20
+  torch_num_threads: 1
+translation:
+  source_lang: de
+  target_lang: en
+  num_beams: 2
+  max_new_tokens: 8
+""")
+
+
+@pytest.fixture(scope="module")
+def copy_files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("copy-data")
+    return {
+        "train": write_jsonl(folder / "train.jsonl", copy_rows(240, seed=1)),
+        "validation": write_jsonl(folder / "validation.jsonl", copy_rows(21, seed=2)),
+    }
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tiny_bert, copy_files) -> Path:
+    tmp_path = tmp_path_factory.mktemp("translation")
+    run_cli("train", str(translation_config(tmp_path, tiny_bert, copy_files)))
+    return tmp_path / "run"
+
+
+def test_cli_translation_trains_bert2bert_that_learns_to_copy(trained_run):
+    for name in ["model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",
+                 "generations.jsonl", "sacrebleu_signature.json", "README.md"]:
+        assert (trained_run / name).is_file(), name
+    metrics = json.loads((trained_run / "metrics.json").read_text())
+    assert metrics["eval_samples"] == 21
+    assert metrics["eval_bleu"] >= 60 and metrics["eval_chrf"] >= 75, metrics
+    assert 3 <= metrics["eval_gen_len"] <= 5  # 2-4 one-token words + [SEP]
+    config = json.loads((trained_run / "config.json").read_text())
+    assert config["model_type"] == "encoder-decoder" and config["decoder"]["add_cross_attention"]
+    generation = json.loads((trained_run / "generation_config.json").read_text())
+    assert generation["num_beams"] == 2 and generation["max_new_tokens"] == 8
+    rows = [json.loads(line) for line in (trained_run / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 21 and set(rows[0]) == {"source", "reference", "hypothesis"}
+    assert sum(row["hypothesis"] == row["reference"] for row in rows) >= 10
+    signature = json.loads((trained_run / "sacrebleu_signature.json").read_text())
+    assert "case:lc" in signature["bleu"] and "tok:13a" in signature["bleu"]
+
+
+def test_cli_translation_evaluate_matches_training_metrics(trained_run):
+    run_cli("evaluate", str(trained_run))
+    metrics = json.loads((trained_run / "eval_validation.json").read_text())
+    trained = json.loads((trained_run / "metrics.json").read_text())
+    assert metrics["eval_samples"] == 21
+    assert metrics["eval_bleu"] == pytest.approx(trained["eval_bleu"])
+    assert metrics["eval_chrf"] == pytest.approx(trained["eval_chrf"])
+
+
+@pytest.fixture(scope="module")
+def predicted(trained_run, tmp_path_factory) -> tuple[list[str], list[dict]]:
+    folder = tmp_path_factory.mktemp("predict")
+    sources = [row["de"] for row in copy_rows(6, seed=9)]
+    (folder / "inputs.txt").write_text("\n".join(sources) + "\n")
+    run_cli("predict", str(trained_run), "--input", str(folder / "inputs.txt"), "--output", str(folder / "out.jsonl"))
+    return sources, [json.loads(line) for line in (folder / "out.jsonl").read_text().splitlines()]
+
+
+def test_cli_translation_predict_translates_a_txt_file(predicted):
+    sources, rows = predicted
+    assert [row["source"] for row in rows] == sources
+    assert sum(row["translation_text"] == source for row, source in zip(rows, sources)) >= 3
+
+
+def test_cli_translation_pipeline_agrees_with_predict(trained_run, predicted):
+    import tasks  # noqa: F401  (registers the "translation" pipeline)
+    from transformers import pipeline
+
+    sources, rows = predicted
+    translator = pipeline("translation", model=str(trained_run), device="cpu")
+    assert type(translator.model).__name__ == "EncoderDecoderModel"
+    single = translator(sources[0])
+    assert single == [{"translation_text": rows[0]["translation_text"]}]
+    assert [row["translation_text"] for row in translator(sources)] == [row["translation_text"] for row in rows]
+
+
+def test_cli_translation_empty_target_is_an_error_naming_the_row(tmp_path, tiny_bert, copy_files):
+    rows = copy_rows(8, seed=4)
+    rows[5]["en"] = "   "
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", rows), "validation": copy_files["validation"]}
+    result = run_cli("train", str(translation_config(tmp_path, tiny_bert, files)), check=False)
+    assert result.returncode == 2
+    assert "rows 5" in result.stderr and "empty_lines=skip" in result.stderr and "Traceback" not in result.stderr
