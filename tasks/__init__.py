@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pipelines.task import Task
 from tasks.classification import ClassificationTask
+from tasks.mlm import MlmTask
 
 TASKS: dict[str, type[Task]] = {
     "classification": ClassificationTask,
+    "mlm": MlmTask,
 }
 
 
