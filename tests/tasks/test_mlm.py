@@ -377,6 +377,8 @@ def test_mlm_config_ships_and_loads():
     assert config.task == "mlm" and config.model.name_or_path is None
     assert config.model.architecture["num_hidden_layers"] == 4 and config.data.max_seq_length == 128
     assert config.task_options.packing and config.data.validation_fraction == 0.1
+    continued = load_config(Path(__file__).resolve().parents[2] / "configs/pretrain/minilm_wikitext2_continued.yaml", [], lambda name: get_task(name).Options)
+    assert continued.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2" and continued.task_options.whole_word_mask
 
 
 def test_mlm_collator_pads_eval_labels_with_ignore_index(tiny_bert):
