@@ -54,7 +54,9 @@ def register() -> None:
     ):
         auto_class.register(BertpipeBertConfig, model_class, exist_ok=True)
     AutoModel.register(BertpipeTransformerConfig, BertpipeTransformerModel, exist_ok=True)
-    AutoModelForSeq2SeqLM.register(BertpipeTransformerConfig, BertpipeTransformerForConditionalGeneration, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(
+        BertpipeTransformerConfig, BertpipeTransformerForConditionalGeneration, exist_ok=True
+    )
 
 
 register()

@@ -28,9 +28,7 @@ from torch import nn
 def make_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(batch, kv_len) 1 = real token, 0 = padding  ->  additive (batch, 1, 1, kv_len) mask over keys."""
     keep = attention_mask[:, None, None, :].bool()
-    return torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device).masked_fill(
-        ~keep, torch.finfo(dtype).min
-    )
+    return torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device).masked_fill(~keep, torch.finfo(dtype).min)
 
 
 def make_causal_mask(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
@@ -131,7 +129,14 @@ class MultiHeadAttention(nn.Module):
     generation only feeds the newest token; cross-attention keys/values are computed once per sequence.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, attention_score: str = "dot", is_cross_attention: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float,
+        attention_score: str = "dot",
+        is_cross_attention: bool = False,
+    ):
         super().__init__()
         if hidden_size % num_heads != 0:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
@@ -178,6 +183,10 @@ class MultiHeadAttention(nn.Module):
         source = hidden_states if key_value_states is None else key_value_states
         k, v = self._keys_values(source, cache, layer_idx)
         dropout = self.dropout if self.training else 0.0
+        if attention_mask is not None and attention_mask.dtype != q.dtype:
+            # Under autocast the projections can be half precision while the mask was built in float32;
+            # clamp so that float32's minimum does not round to -inf (NaN on fully masked rows).
+            attention_mask = attention_mask.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
 
         if self.attention_score == "dot" and not output_attentions:
             # Fused kernel; same maths as scaled_attention with DotScore, without materialising the weights.

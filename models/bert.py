@@ -40,7 +40,7 @@ class BertpipePreTrainedModel(PreTrainedModel):
 
     config_class = BertpipeBertConfig
     base_model_prefix = "bert"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
 
     def _init_weights(self, module):
         # transformers' default covers Linear/Embedding (normal, std=initializer_range; zero padding row)
@@ -73,10 +73,14 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.num_hidden_layers)])
         self.final_norm = (
-            make_norm(config.norm, config.hidden_size, config.layer_norm_eps) if config.norm_placement == "pre" else None
+            make_norm(config.norm, config.hidden_size, config.layer_norm_eps)
+            if config.norm_placement == "pre"
+            else None
         )
 
-    def forward(self, hidden_states, attention_mask=None, padding_mask=None, output_attentions=False, output_hidden_states=False):
+    def forward(
+        self, hidden_states, attention_mask=None, padding_mask=None, output_attentions=False, output_hidden_states=False
+    ):
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layers:
@@ -163,7 +167,16 @@ class BertpipeModel(BertpipePreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-def _encode(head, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states):
+def _encode(
+    head,
+    input_ids,
+    attention_mask,
+    token_type_ids,
+    position_ids,
+    inputs_embeds,
+    output_attentions,
+    output_hidden_states,
+):
     return head.bert(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -217,12 +230,23 @@ class BertpipeForMaskedLM(BertpipePreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
     ):
-        outputs = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states)
+        outputs = _encode(
+            self,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+        )
         logits = self.mlm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
             loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1))  # ignores -100
-        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if _flag(return_dict, self.config.return_dict) else output.to_tuple()
 
 
@@ -251,12 +275,23 @@ class BertpipeForSequenceClassification(BertpipePreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
     ):
-        outputs = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states)
+        outputs = _encode(
+            self,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+        )
         logits = self.classifier(self.dropout(outputs.pooler_output))
         loss = None
         if labels is not None:
             loss = self._loss(logits, labels)
-        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if _flag(return_dict, self.config.return_dict) else output.to_tuple()
 
     def _loss(self, logits, labels):
@@ -298,12 +333,25 @@ class BertpipeForTokenClassification(BertpipePreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
     ):
-        outputs = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states)
+        outputs = _encode(
+            self,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+        )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))  # ignores -100 (sub-words, pads)
-        output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+            loss = CrossEntropyLoss()(
+                logits.view(-1, self.num_labels), labels.view(-1)
+            )  # ignores -100 (sub-words, pads)
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if _flag(return_dict, self.config.return_dict) else output.to_tuple()
 
 
@@ -329,7 +377,16 @@ class BertpipeForQuestionAnswering(BertpipePreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
     ):
-        outputs = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states)
+        outputs = _encode(
+            self,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+        )
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
         start_logits = start_logits.squeeze(-1).contiguous()
         end_logits = end_logits.squeeze(-1).contiguous()
@@ -344,7 +401,9 @@ class BertpipeForQuestionAnswering(BertpipePreTrainedModel):
             # clamped to one past the end and that index is ignored. -100 is sent there too: transformers would
             # clamp it to 0 and train "answer at [CLS]", contradicting the -100 = ignore convention.
             ignored_index = start_logits.size(1)
-            start_positions = start_positions.masked_fill(start_positions == -100, ignored_index).clamp(0, ignored_index)
+            start_positions = start_positions.masked_fill(start_positions == -100, ignored_index).clamp(
+                0, ignored_index
+            )
             end_positions = end_positions.masked_fill(end_positions == -100, ignored_index).clamp(0, ignored_index)
             loss_fct = CrossEntropyLoss(ignore_index=ignored_index)
             loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2

@@ -73,7 +73,11 @@ class BertpipeTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "bertpipe_transformer"
-    attribute_map = {"d_model": "hidden_size", "encoder_layers": "num_hidden_layers", "decoder_layers": "num_decoder_layers"}
+    attribute_map = {
+        "d_model": "hidden_size",
+        "encoder_layers": "num_hidden_layers",
+        "decoder_layers": "num_decoder_layers",
+    }
 
     vocab_size: int = 32000
     hidden_size: int = 512

@@ -46,7 +46,9 @@ _HEAD_NAMES = [
     ("qa_outputs.", "qa_outputs."),
 ]
 # Tensors that are not weights of either model (buffers, tied copies, the NSP head).
-_SKIP_HF = re.compile(r"(position_ids|embeddings\.token_type_ids|cls\.predictions\.decoder\.(weight|bias)|cls\.seq_relationship\.)")
+_SKIP_HF = re.compile(
+    r"(position_ids|embeddings\.token_type_ids|cls\.predictions\.decoder\.(weight|bias)|cls\.seq_relationship\.)"
+)
 
 _ARCHITECTURES = {
     "BertModel": "BertpipeModel",
@@ -59,10 +61,24 @@ _ARCHITECTURES = {
 _REVERSE_ARCHITECTURES = {ours: theirs for theirs, ours in _ARCHITECTURES.items() if theirs != "BertForPreTraining"}
 
 _BERT_FIELDS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-    "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout", "id2label", "label2id",
-    "problem_type", "tie_word_embeddings",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
+    "classifier_dropout",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "tie_word_embeddings",
 )
 _WEIGHT_FILES = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 
@@ -113,6 +129,9 @@ def _split_prefix(name: str) -> tuple[str, str]:
 def _bert_to_ours(state, config_dict):
     from .configuration import BertpipeBertConfig
 
+    if "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
+        # Some exports keep the output bias only under its tied alias.
+        state = {**state, "cls.predictions.bias": state["cls.predictions.decoder.bias"]}
     converted = {}
     for name, tensor in state.items():
         if _SKIP_HF.search(name):
@@ -128,7 +147,9 @@ def _bert_to_ours(state, config_dict):
     if config_dict.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError("only absolute (learned) position embeddings have a bertpipe counterpart")
     kwargs = {key: config_dict[key] for key in _BERT_FIELDS if key in config_dict}
-    config = BertpipeBertConfig(position_embedding="learned", attention_score="dot", norm="layer", norm_placement="post", **kwargs)
+    config = BertpipeBertConfig(
+        position_embedding="learned", attention_score="dot", norm="layer", norm_placement="post", **kwargs
+    )
     architecture = (config_dict.get("architectures") or ["BertModel"])[0]
     if architecture not in _ARCHITECTURES:
         raise ValueError(f"cannot convert architecture {architecture!r}; known: {sorted(_ARCHITECTURES)}")
@@ -138,7 +159,12 @@ def _bert_to_ours(state, config_dict):
 def _ours_to_bert(state, config_dict):
     from transformers import BertConfig
 
-    for key, required in (("position_embedding", "learned"), ("attention_score", "dot"), ("norm", "layer"), ("norm_placement", "post")):
+    for key, required in (
+        ("position_embedding", "learned"),
+        ("attention_score", "dot"),
+        ("norm", "layer"),
+        ("norm_placement", "post"),
+    ):
         if config_dict.get(key, required) != required:
             raise ValueError(f"transformers BERT needs {key}={required!r}; this checkpoint has {config_dict[key]!r}")
     converted = {}
@@ -181,7 +207,9 @@ def convert_bert(src: str, dst: str, reverse: bool = False) -> None:
         model_class = getattr(transformers, class_name)
     else:
         if config_dict.get("model_type") != "bert":
-            raise ValueError(f"{src} is not a transformers BERT checkpoint (model_type={config_dict.get('model_type')!r})")
+            raise ValueError(
+                f"{src} is not a transformers BERT checkpoint (model_type={config_dict.get('model_type')!r})"
+            )
         converted, config, class_name = _bert_to_ours(state, config_dict)
         model_class = getattr(bertpipe_bert, class_name)
 

@@ -13,6 +13,7 @@ Out: hidden states of the same shape (plus attention weights when asked for).
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import MultiHeadAttention
 
@@ -101,17 +102,29 @@ class ResidualNorm(nn.Module):
     def sublayer_input(self, x: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
         return self.norm(x, padding_mask) if self.pre_norm else x
 
-    def residual(self, x: torch.Tensor, sublayer_output: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
+    def residual(
+        self, x: torch.Tensor, sublayer_output: torch.Tensor, padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         summed = x + self.dropout(sublayer_output)
         return summed if self.pre_norm else self.norm(summed, padding_mask)
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each wrapped in Add & Norm."""
+class EncoderLayer(GradientCheckpointingLayer):
+    """Self-attention then FFN, each wrapped in Add & Norm.
+
+    The base class recomputes the layer in the backward pass when ``model.gradient_checkpointing_enable()``
+    was called (a BatchNorm layer then updates its running statistics twice per step).
+    """
 
     def __init__(self, config):
         super().__init__()
-        args = (config.hidden_size, config.norm, config.norm_placement, config.layer_norm_eps, config.hidden_dropout_prob)
+        args = (
+            config.hidden_size,
+            config.norm,
+            config.norm_placement,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+        )
         self.self_attention = MultiHeadAttention(
             config.hidden_size, config.num_attention_heads, config.attention_probs_dropout_prob, config.attention_score
         )
@@ -127,13 +140,19 @@ class EncoderLayer(nn.Module):
         return x, weights
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(GradientCheckpointingLayer):
     """Masked self-attention, cross-attention over the encoder output, then FFN; each with Add & Norm."""
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        args = (config.hidden_size, config.norm, config.norm_placement, config.layer_norm_eps, config.hidden_dropout_prob)
+        args = (
+            config.hidden_size,
+            config.norm,
+            config.norm_placement,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+        )
         heads, p_attn, score = config.num_attention_heads, config.attention_probs_dropout_prob, config.attention_score
         self.self_attention = MultiHeadAttention(config.hidden_size, heads, p_attn, score)
         self.self_attention_norm = ResidualNorm(*args)
@@ -154,7 +173,11 @@ class DecoderLayer(nn.Module):
     ):
         h = self.self_attention_norm.sublayer_input(x, padding_mask)
         attended, self_weights = self.self_attention(
-            h, attention_mask=self_attention_mask, output_attentions=output_attentions, cache=cache, layer_idx=self.layer_idx
+            h,
+            attention_mask=self_attention_mask,
+            output_attentions=output_attentions,
+            cache=cache,
+            layer_idx=self.layer_idx,
         )
         x = self.self_attention_norm.residual(x, attended, padding_mask)
 

@@ -81,7 +81,9 @@ class TransformerEncoder(Encoder):
         hidden_states, all_hidden_states, all_attentions = super().forward(
             hidden_states, additive_mask, padding_mask, bool(output_attentions), bool(output_hidden_states)
         )
-        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions)
+        output = BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        )
         return output if return_dict else output.to_tuple()
 
 
@@ -94,7 +96,9 @@ class TransformerDecoder(nn.Module):
         self.embeddings = _embeddings(config)
         self.layers = nn.ModuleList([DecoderLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)])
         self.final_norm = (
-            make_norm(config.norm, config.hidden_size, config.layer_norm_eps) if config.norm_placement == "pre" else None
+            make_norm(config.norm, config.hidden_size, config.layer_norm_eps)
+            if config.norm_placement == "pre"
+            else None
         )
 
     def forward(
@@ -135,7 +139,13 @@ class TransformerDecoder(nn.Module):
         cross_attentions = () if output_attentions else None
         for layer in self.layers:
             hidden_states, self_weights, cross_weights = layer(
-                hidden_states, encoder_hidden_states, self_mask, cross_mask, padding_mask, output_attentions, cache
+                hidden_states,
+                encoder_hidden_states,
+                self_mask,
+                cross_mask,
+                padding_mask,
+                output_attentions,
+                cache=cache,  # by keyword, so that gradient checkpointing can drop it
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -185,7 +195,10 @@ class BertpipeTransformerModel(BertpipeTransformerPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        token_type_ids=None,
     ):
+        # token_type_ids is accepted and ignored (there are no segments) so that the output of BERT-style
+        # tokenizers can be passed to the model and to generate() unchanged.
         output_attentions = _flag(output_attentions, self.config.output_attentions)
         output_hidden_states = _flag(output_hidden_states, self.config.output_hidden_states)
         return_dict = _flag(return_dict, self.config.return_dict)
@@ -267,6 +280,7 @@ class BertpipeTransformerForConditionalGeneration(BertpipeTransformerPreTrainedM
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        token_type_ids=None,
     ):
         if labels is not None:
             use_cache = False

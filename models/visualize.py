@@ -17,13 +17,17 @@ import torch
 
 
 def _load(model_dir: str):
+    import transformers
     from transformers import AutoModel, AutoTokenizer
 
-    import models  # noqa: F401  (registers bertpipe_* with the Auto classes)
+    import models  # registers bertpipe_* with the Auto classes
 
-    model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type", "")
-    load_kwargs = {} if model_type.startswith("bertpipe_") else {"attn_implementation": "eager"}
-    model = AutoModel.from_pretrained(model_dir, **load_kwargs).eval()
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    load_kwargs = {} if config.get("model_type", "").startswith("bertpipe_") else {"attn_implementation": "eager"}
+    # The saved class (head included) loads without missing/unexpected weights; heads return attentions too.
+    architecture = (config.get("architectures") or [""])[0]
+    model_class = getattr(models, architecture, None) or getattr(transformers, architecture, None) or AutoModel
+    model = model_class.from_pretrained(model_dir, **load_kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer
 

@@ -54,6 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--input", required=True)
     predict.add_argument("--output", required=True)
     predict.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+    convert = commands.add_parser("convert-bert", help="transformers BERT checkpoint -> bertpipe's own BERT (or back)")
+    convert.add_argument("source")
+    convert.add_argument("destination")
+    convert.add_argument("--reverse", action="store_true", help="convert a bertpipe_bert checkpoint back to transformers BERT")
+
+    attention = commands.add_parser("attention", help="PNG heatmaps of attention weights per layer and head")
+    attention.add_argument("run_dir")
+    attention.add_argument("sentence")
+    attention.add_argument("--out", required=True)
     return parser
 
 
@@ -75,6 +85,16 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output)
         print(f"wrote {count} predictions to {args.output}")
+    elif args.command == "convert-bert":
+        from models.convert import convert_bert
+
+        convert_bert(args.source, args.destination, reverse=args.reverse)
+        print(f"wrote {args.destination}")
+    elif args.command == "attention":
+        from models.visualize import attention_heatmaps
+
+        for path in attention_heatmaps(args.run_dir, args.sentence, args.out):
+            print(path)
     return 0
 
 

@@ -12,6 +12,7 @@ for unknown keys, the closest valid key. One schema library (pydantic) does the 
 from __future__ import annotations
 
 import difflib
+import functools
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -213,11 +214,17 @@ def load_config(
             raise ConfigError(f"{source}: task: {error.args[0]}") from error
     if isinstance(task_name, str) and task_name in tree:
         tree["task_options"] = tree.pop(task_name)
-    schema = create_model(f"RunConfig_{task_name}", __base__=RunConfig, task_options=(options_cls, options_cls()))
+    schema = _schema_for(options_cls)
     try:
         return schema.model_validate(tree)
     except ValidationError as error:
         raise ConfigError(_describe(error, schema, source, override_keys, task_name)) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_for(options_cls: type[TaskOptions]) -> type[RunConfig]:
+    """RunConfig whose ``task_options`` is the task's own class (one class per task, reused)."""
+    return create_model(f"RunConfig_{options_cls.__name__}", __base__=RunConfig, task_options=(options_cls, options_cls()))
 
 
 def _describe(error: ValidationError, schema: type[BaseModel], source: str, override_keys: set, task_name) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+import models  # noqa: F401  registers bertpipe's own BERT/Transformer with the Auto classes
 from pipelines.config import ModelConfig
 from pipelines.hub import resolve_model
 

@@ -56,12 +56,12 @@ def load_saved_config(run_dir: str | Path) -> dict[str, Any]:
 
 
 class StepLog:
-    """Appends one JSON record per line; survives a crash up to the last flushed record."""
+    """One JSON record per line, flushed each time, so a crash keeps every record written so far."""
 
-    def __init__(self, run_dir: str | Path, *, append: bool) -> None:
+    def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / LOG_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a" if append else "w")
+        self._file = self.path.open("w")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")

@@ -97,9 +97,15 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         state = load_checkpoint(accelerator, folder)
         accelerator.print(f"resumed from {folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})")
 
-    if accelerator.is_main_process and config.train.report_to:
+    if config.train.report_to:
         accelerator.init_trackers(run_dir.name, config=_flat_config(config))
-    step_log = outputs.StepLog(run_dir, append=bool(config.train.resume_from_checkpoint)) if accelerator.is_main_process else None
+    step_log = None
+    if accelerator.is_main_process:
+        # Rewritten from the checkpoint's history: records an interrupted run wrote after its last
+        # checkpoint would otherwise appear twice.
+        step_log = outputs.StepLog(run_dir)
+        for record in state.log_history:
+            step_log.write(record)
     metric_name = config.train.metric_for_best_model
     greater_is_better = (
         config.train.greater_is_better if config.train.greater_is_better is not None
@@ -128,8 +134,14 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     train_started = time.perf_counter()
     model.train()
     while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not stop_early:
+        # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
+        # loader re-applies its own epoch counter to the sampler each time it is iterated.
         train_sampler.set_epoch(state.epoch)
-        batches = accelerator.skip_first_batches(train_loader, state.batches_in_epoch) if state.batches_in_epoch else train_loader
+        train_loader.set_epoch(state.epoch)
+        batches = train_loader
+        if state.batches_in_epoch:
+            batches = accelerator.skip_first_batches(train_loader, state.batches_in_epoch)
+            batches.set_epoch(state.epoch)
         for batch in batches:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss

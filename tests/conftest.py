@@ -101,6 +101,29 @@ def write_config(path: Path, text: str) -> Path:
     return path
 
 
+def classification_config(tmp_path: Path, tiny_bert: Path, files: dict[str, Path], *, run_name: str = "run", **train_keys) -> Path:
+    """A classification config on the tiny BERT and the sentiment files; ``train_keys`` override ``train:``."""
+    train = {"num_epochs": 10, "batch_size": 8, "learning_rate": 3e-3, "lr_scheduler": "constant", "logging_steps": 4,
+             "eval_steps": 24, **train_keys}
+    train_yaml = "\n".join(f"  {key}: {json.dumps(value)}" for key, value in train.items())
+    return write_config(tmp_path / f"{run_name}.yaml", f"""# test config
+task: classification
+output_dir: {tmp_path / run_name}
+seed: 7
+model:
+  name_or_path: {tiny_bert}
+data:
+  files:
+    train: {files['train']}
+    validation: {files['validation']}
+  text_column: sentence
+  label_column: label
+  max_seq_length: 32
+train:
+{train_yaml}
+""")
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("ACCELERATE_", "BERTPIPE_"))}
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")

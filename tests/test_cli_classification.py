@@ -7,29 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, write_config, write_jsonl
-
-
-def classification_config(tmp_path: Path, tiny_bert: Path, files: dict[str, Path], **train_keys) -> Path:
-    train = {"num_epochs": 10, "batch_size": 8, "learning_rate": 3e-3, "lr_scheduler": "constant", "logging_steps": 4,
-             "eval_steps": 24, **train_keys}
-    train_yaml = "\n".join(f"  {key}: {json.dumps(value)}" for key, value in train.items())
-    return write_config(tmp_path / "sentiment.yaml", f"""# test config
-task: classification
-output_dir: {tmp_path / 'run'}
-seed: 7
-model:
-  name_or_path: {tiny_bert}
-data:
-  files:
-    train: {files['train']}
-    validation: {files['validation']}
-  text_column: sentence
-  label_column: label
-  max_seq_length: 32
-train:
-{train_yaml}
-""")
+from tests.conftest import classification_config, run_cli, write_jsonl
 
 
 @pytest.fixture(scope="module")

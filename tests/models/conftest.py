@@ -30,6 +30,21 @@ def tiny_bert_kwargs(**overrides):
     return kwargs
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny matrices: thread hand-offs cost more than they save, badly so on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny_kwargs():
+    """Factory: tiny architecture keyword arguments (for AutoConfig.for_model) with overrides."""
+    return tiny_bert_kwargs
+
+
 @pytest.fixture
 def make_bert_config():
     """Factory: a tiny BertpipeBertConfig with keyword overrides."""

@@ -35,9 +35,13 @@ def test_attention_masks_are_finite_dtype_min_and_fully_masked_rows_are_not_nan(
         assert mask.dtype == dtype
         assert torch.all(mask == torch.finfo(dtype).min)
         assert torch.isfinite(mask).all()
-    merged = merge_masks(make_padding_mask(torch.tensor([[1, 0, 0]]), torch.float32), make_causal_mask(3, 3, torch.float32))
+    merged = merge_masks(
+        make_padding_mask(torch.tensor([[1, 0, 0]]), torch.float32), make_causal_mask(3, 3, torch.float32)
+    )
     assert torch.isfinite(merged).all()
-    weights = torch.softmax(torch.randn(1, 1, 3, 3) + make_padding_mask(torch.tensor([[0, 0, 0]]), torch.float32), dim=-1)
+    weights = torch.softmax(
+        torch.randn(1, 1, 3, 3) + make_padding_mask(torch.tensor([[0, 0, 0]]), torch.float32), dim=-1
+    )
     assert not torch.isnan(weights).any()
 
 
@@ -56,7 +60,9 @@ def test_attention_causal_mask_with_cached_prefix_sees_all_past_keys():
 
 
 def test_attention_merge_masks_combines_padding_and_look_ahead():
-    merged = merge_masks(make_padding_mask(torch.tensor([[1, 1, 0]]), torch.float32), make_causal_mask(3, 3, torch.float32))
+    merged = merge_masks(
+        make_padding_mask(torch.tensor([[1, 1, 0]]), torch.float32), make_causal_mask(3, 3, torch.float32)
+    )
     allowed = (merged[0, 0] == 0).tolist()
     assert allowed == [[True, False, False], [True, True, False], [True, True, False]]
     assert merge_masks(None, None) is None
@@ -102,7 +108,10 @@ def test_attention_sdpa_fast_path_equals_explicit_path():
     torch.manual_seed(0)
     attention = MultiHeadAttention(hidden_size=16, num_heads=4, dropout=0.0, attention_score="dot").eval()
     x = torch.randn(3, 6, 16)
-    mask = merge_masks(make_padding_mask(torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] + [0] * 5]), torch.float32), make_causal_mask(6, 6, torch.float32))
+    mask = merge_masks(
+        make_padding_mask(torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] + [0] * 5]), torch.float32),
+        make_causal_mask(6, 6, torch.float32),
+    )
     fast, no_weights = attention(x, attention_mask=mask)
     explicit, weights = attention(x, attention_mask=mask, output_attentions=True)
     assert no_weights is None and weights.shape == (3, 4, 6, 6)

@@ -1,0 +1,117 @@
+"""Conversion to and from transformers BERT: exact outputs both ways, on tiny random models and on MiniLM."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+
+from models import BertpipeModel
+from models.convert import convert_bert
+
+HEADS = [
+    (BertModel, AutoModel, "last_hidden_state"),
+    (BertForMaskedLM, AutoModelForMaskedLM, "logits"),
+    (BertForSequenceClassification, AutoModelForSequenceClassification, "logits"),
+    (BertForTokenClassification, AutoModelForTokenClassification, "logits"),
+    (BertForQuestionAnswering, AutoModelForQuestionAnswering, "start_logits"),
+]
+
+
+def tiny_hf_config(num_labels=3):
+    # BertForQuestionAnswering only works with two outputs (start, end).
+    labels = ["A", "B", "C"][:num_labels]
+    return BertConfig(
+        vocab_size=30,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=num_labels,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+
+
+@pytest.mark.parametrize("hf_class, auto_class, field", HEADS, ids=lambda x: getattr(x, "__name__", str(x)))
+def test_convert_tiny_heads_both_ways_give_identical_outputs(
+    tmp_path, batch, tiny_tokenizer_dir, hf_class, auto_class, field
+):
+    torch.manual_seed(0)
+    reference = hf_class(tiny_hf_config(2 if hf_class is BertForQuestionAnswering else 3)).eval()
+    reference.save_pretrained(tmp_path / "hf")
+    AutoTokenizer.from_pretrained(tiny_tokenizer_dir).save_pretrained(tmp_path / "hf")
+
+    convert_bert(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["model_type"] == "bertpipe_bert" and config["architectures"][0].startswith("Bertpipe")
+    assert (tmp_path / "ours" / "tokenizer.json").exists()
+    ours = auto_class.from_pretrained(tmp_path / "ours").eval()
+    assert type(ours).__name__.startswith("Bertpipe")
+    assert ours.config.id2label == reference.config.id2label
+    with torch.no_grad():
+        expected = getattr(reference(**batch), field)
+        torch.testing.assert_close(getattr(ours(**batch), field), expected, atol=1e-6, rtol=1e-6)
+
+    convert_bert(str(tmp_path / "ours"), str(tmp_path / "back"), reverse=True)
+    back = hf_class.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(getattr(back(**batch), field), expected, atol=0, rtol=0)
+    original, returned = (
+        load_file(tmp_path / "hf" / "model.safetensors"),
+        load_file(tmp_path / "back" / "model.safetensors"),
+    )
+    for name, tensor in returned.items():
+        assert torch.equal(tensor, original[name]), name
+
+
+def test_convert_reverse_refuses_non_bert_architectures(tmp_path, make_bert_config):
+    BertpipeModel(make_bert_config(attention_score="additive")).save_pretrained(tmp_path / "ours")
+    with pytest.raises(ValueError, match="attention_score"):
+        convert_bert(str(tmp_path / "ours"), str(tmp_path / "back"), reverse=True)
+    with pytest.raises(ValueError, match="not a transformers BERT"):
+        convert_bert(str(tmp_path / "ours"), str(tmp_path / "other"))
+
+
+def test_convert_minilm_matches_transformers_bert_model(tmp_path, minilm):
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
+    batch = tokenizer(
+        ["The cat sat on the mat.", "Paris is the capital of France and a rather big city"],
+        ["It was tired after a long day of hunting mice.", "yes"],
+        padding=True,
+        return_tensors="pt",
+    )
+    assert (batch["attention_mask"] == 0).any() and (batch["token_type_ids"] == 1).any()
+    reference = BertModel.from_pretrained(minilm).eval()
+
+    convert_bert(str(minilm), str(tmp_path / "ours"))
+    ours = AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert isinstance(ours, BertpipeModel)
+    with torch.no_grad():
+        expected = reference(**batch)
+        actual = ours(**batch)
+    real = batch["attention_mask"].bool()
+    delta = (actual.last_hidden_state - expected.last_hidden_state)[real].abs().max().item()
+    assert delta <= 1e-5, delta
+    torch.testing.assert_close(actual.pooler_output, expected.pooler_output, atol=1e-5, rtol=0)
+
+    convert_bert(str(tmp_path / "ours"), str(tmp_path / "back"), reverse=True)
+    back = BertModel.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(**batch).last_hidden_state, expected.last_hidden_state, atol=0, rtol=0)
+    assert AutoTokenizer.from_pretrained(tmp_path / "back")("hello")["input_ids"] == tokenizer("hello")["input_ids"]

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import ConfigError, TaskOptions, load_config, parse_override
+
+
+class DemoOptions(TaskOptions):
+    doc_stride: int = 128
+    label_all_tokens: bool = False
+
+
+def options_for(name: str) -> type[TaskOptions]:
+    if name != "demo":
+        raise KeyError(f"unknown task {name!r}; registered tasks: demo")
+    return DemoOptions
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = """task: demo
+output_dir: runs/x
+data:
+  path: some/dataset
+train:
+  learning_rate: 1.0e-4
+demo:
+  doc_stride: 64
+"""
+
+
+def test_config_yaml_plus_overrides_are_typed(tmp_path):
+    config = load_config(write(tmp_path, BASE), ["train.max_steps=10", "data.files.train=a.jsonl", "demo.label_all_tokens=true"], options_for)
+    assert config.train.max_steps == 10 and isinstance(config.train.max_steps, int)
+    assert config.train.learning_rate == pytest.approx(1e-4)
+    assert config.data.files == {"train": "a.jsonl"}
+    assert config.task_options.doc_stride == 64 and config.task_options.label_all_tokens is True
+
+
+def test_config_unknown_key_names_key_file_and_closest(tmp_path):
+    path = write(tmp_path, BASE.replace("learning_rate", "learnig_rate"))
+    with pytest.raises(ConfigError) as error:
+        load_config(path, [], options_for)
+    message = str(error.value)
+    assert "train.learnig_rate" in message and str(path) in message and "'train.learning_rate'" in message
+
+
+def test_config_unknown_task_option_names_task_section(tmp_path):
+    with pytest.raises(ConfigError, match=r"demo\.doc_strde.*did you mean 'demo\.doc_stride'"):
+        load_config(write(tmp_path, BASE), ["demo.doc_strde=3"], options_for)
+
+
+def test_config_wrong_type_names_key_and_expected_type(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.batch_size.*the command line.*integer"):
+        load_config(write(tmp_path, BASE), ["train.batch_size=many"], options_for)
+
+
+def test_config_bad_choice_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.mixed_precision"):
+        load_config(write(tmp_path, BASE), ["train.mixed_precision=fp8"], options_for)
+
+
+def test_config_unknown_task_lists_registered(tmp_path):
+    with pytest.raises(ConfigError, match="registered tasks: demo"):
+        load_config(write(tmp_path, BASE.replace("task: demo", "task: dmeo")), [], options_for)
+
+
+def test_config_malformed_yaml_and_override(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "task: [demo\n"), [], options_for)
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("train.max_steps")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml", [], options_for)
+
+
+def test_config_needs_a_data_source(tmp_path):
+    with pytest.raises(ConfigError, match="data.path"):
+        load_config(write(tmp_path, BASE.replace("  path: some/dataset\n", "  name: x\n")), [], options_for)
+
+
+def test_config_resolved_yaml_round_trips(tmp_path):
+    config = load_config(write(tmp_path, BASE), ["seed=3"], options_for)
+    again = load_config(None, [], options_for, base=config.to_yaml_dict())
+    assert again == config
+    assert config.to_yaml_dict()["demo"] == {"doc_stride": 64, "label_all_tokens": False}
+
+
+def test_config_is_frozen(tmp_path):
+    config = load_config(write(tmp_path, BASE), [], options_for)
+    with pytest.raises(Exception):
+        config.train.learning_rate = 1.0
