@@ -32,6 +32,9 @@ _BUILDER_BY_SUFFIX = {
     ".jsonl": ("json", {}),
     ".parquet": ("parquet", {}),
     ".txt": ("text", {}),
+    # Plain-text corpora under their customary names (WikiText ships .tokens and .raw).
+    ".tokens": ("text", {}),
+    ".raw": ("text", {}),
 }
 
 

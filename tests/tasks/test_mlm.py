@@ -1,0 +1,394 @@
+"""Unit tests of the masked-LM task: corpus handling, packing, masking, metrics, model building, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.config import load_config
+from pipelines.data import DataError
+from pipelines.modeling import ModelError
+from tasks import get_task
+from tasks.mlm import (
+    IGNORE_INDEX,
+    MaskingCollator,
+    MlmTask,
+    clean_rows,
+    choose_mask_targets,
+    hold_out_documents,
+    is_heading,
+    make_sentence_pairs,
+    mask_tokens,
+    masked_lm_metrics,
+    number_words,
+    pack_blocks,
+    special_template,
+    split_documents,
+    train_wordpiece_tokenizer,
+)
+from tests.conftest import corpus_sentences
+
+MASK_ID = 4
+
+
+def mlm_config(tmp_path: Path, corpus: Path, *overrides: str):
+    text = f"""task: mlm
+output_dir: {tmp_path / 'run'}
+seed: 3
+model:
+  architecture: {{num_hidden_layers: 1, hidden_size: 32, num_attention_heads: 2, intermediate_size: 64,
+                  max_position_embeddings: 64, vocab_size: 200}}
+data:
+  files: {{train: {corpus}}}
+  validation_fraction: 0.2
+  max_seq_length: 32
+mlm:
+  tokenizer_min_frequency: 1
+"""
+    path = tmp_path / "mlm.yaml"
+    path.write_text(text)
+    return load_config(path, list(overrides), lambda name: get_task(name).Options)
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    sentences = corpus_sentences(300, seed=5)
+    paragraphs = ["\n".join(sentences[i:i + 10]) for i in range(0, 300, 10)]
+    path = tmp_path / "corpus.tokens"
+    path.write_text(" = Heading = \n\n" + "\n\n".join(paragraphs) + "\n")
+    return path
+
+
+# ----- masking ----------------------------------------------------------------------------------
+def _masking_inputs(rows=400, length=128, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(10, 1000, size=(rows, length))
+    maskable = np.ones_like(ids, dtype=bool)
+    maskable[:, 0] = maskable[:, -1] = False  # [CLS] ... [SEP]
+    maskable[: rows // 2, length - 20:] = False  # padding on half the rows
+    return ids, maskable
+
+
+def test_mlm_masking_rates_match_bert():
+    ids, maskable = _masking_inputs()
+    corrupted, labels = mask_tokens(
+        ids, maskable, None, rng=np.random.default_rng(1), mlm_probability=0.15, mask_replace_prob=0.8,
+        random_replace_prob=0.1, mask_token_id=MASK_ID, random_token_ids=np.arange(10, 1000),
+    )
+    targets = labels != IGNORE_INDEX
+    assert not targets[~maskable].any(), "a special or padding token was chosen"
+    assert (corrupted[~targets] == ids[~targets]).all(), "a non-target token was changed"
+    assert (labels[targets] == ids[targets]).all()
+    assert targets[maskable].mean() == pytest.approx(0.15, abs=0.005)
+    replaced = (corrupted == MASK_ID)[targets].mean()
+    unchanged = (corrupted == ids)[targets].mean()
+    randomised = 1 - replaced - unchanged
+    assert replaced == pytest.approx(0.8, abs=0.015)
+    # A random draw can equal the original id (1 in 990): the unchanged share is 10% plus that sliver.
+    assert unchanged == pytest.approx(0.1, abs=0.01) and randomised == pytest.approx(0.1, abs=0.01)
+
+
+def test_mlm_masking_shares_are_configurable():
+    ids, maskable = _masking_inputs(rows=200)
+    corrupted, labels = mask_tokens(
+        ids, maskable, None, rng=np.random.default_rng(2), mlm_probability=0.3, mask_replace_prob=1.0,
+        random_replace_prob=0.0, mask_token_id=MASK_ID, random_token_ids=np.arange(10, 1000),
+    )
+    targets = labels != IGNORE_INDEX
+    assert targets[maskable].mean() == pytest.approx(0.3, abs=0.01)
+    assert (corrupted[targets] == MASK_ID).all()
+
+
+def test_mlm_whole_word_groups_are_masked_together():
+    rng = np.random.default_rng(0)
+    rows, length = 300, 64
+    word_ids = np.full((rows, length), -1)
+    for row in range(rows):
+        position, word = 1, 0
+        while position < length - 1:
+            size = int(rng.integers(1, 4))  # words of 1-3 pieces
+            word_ids[row, position:min(position + size, length - 1)] = word
+            position += size
+            word += 1
+    maskable = word_ids >= 0
+    targets = choose_mask_targets(maskable, word_ids, 0.15, np.random.default_rng(4))
+    assert not targets[~maskable].any()
+    chosen_words = 0
+    for row in range(rows):
+        for word in np.unique(word_ids[row][word_ids[row] >= 0]):
+            group = targets[row][word_ids[row] == word]
+            assert group.all() or not group.any(), f"row {row}: word {word} partly masked"
+            chosen_words += int(group.all())
+    total_words = sum(len(np.unique(r[r >= 0])) for r in word_ids)
+    assert chosen_words / total_words == pytest.approx(0.15, abs=0.015)
+
+
+def test_mlm_number_words_keeps_rows_apart():
+    assert number_words([[None, 0, 0, 1], [0, 1, 1], [], [0]]) == [[-1, 0, 0, 1], [2, 3, 3], [], [4]]
+
+
+def test_mlm_whole_words_follow_word_ids_of_the_tokenizer():
+    tokenizer = train_wordpiece_tokenizer(
+        corpus_sentences(100) + ["grim, happy."], vocab_size=90, lowercase=True, min_frequency=1, model_max_length=64
+    )
+    encoded = tokenizer(["superbly grim, happy"], add_special_tokens=False)
+    words = number_words([encoded.word_ids(0)])[0]
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    assert words.count(0) >= 2  # "superbly" is several pieces of one word
+    # Punctuation is a word of its own (its own word id) although it touches "grim".
+    assert tokens[words.index(2)] == "," and words.count(2) == 1
+    assert len(set(words)) == 4
+
+
+def test_mlm_batch_without_targets_gets_one():
+    ids = np.array([[2, 11, 12, 3]])
+    maskable = np.array([[False, True, True, False]])
+    _, labels = mask_tokens(
+        ids, maskable, None, rng=np.random.default_rng(0), mlm_probability=1e-9, mask_replace_prob=0.8,
+        random_replace_prob=0.1, mask_token_id=MASK_ID, random_token_ids=np.arange(10, 20),
+    )
+    assert (labels != IGNORE_INDEX).sum() == 1 and labels[0, 0] == labels[0, 3] == IGNORE_INDEX
+
+
+# ----- corpus and examples ----------------------------------------------------------------------
+def test_mlm_pack_blocks_keeps_every_token_once():
+    rows = [[1, 2, 3], [], [4, 5, 6, 7, 8], [9], [10, 11]]
+    words = number_words([[0, 0, 1], [], [0, 1, 2, 3, 3], [0], [0, 1]])
+    blocks = pack_blocks(rows, words, 4)
+    assert [ids for ids, _ in blocks] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]]
+    assert [w for _, block_words in blocks for w in block_words] == [w for row in words for w in row]
+
+
+def test_mlm_headings_and_empty_rows_are_dropped():
+    assert is_heading(" = Valkyria Chronicles III = ") and is_heading(" = = = Gameplay = = = ")
+    assert not is_heading("x = y + 1") and not is_heading("= not closed")
+    rows = [" = Title = ", "", "  text one ", " = = Section = = ", "text two", "   "]
+    assert clean_rows(rows, drop_headings=True) == ["text one", "text two"]
+    assert clean_rows(rows, drop_headings=False) == ["= Title =", "text one", "= = Section = =", "text two"]
+
+
+def test_mlm_documents_follow_headings_then_paragraphs():
+    wiki = [" = A = ", "a1", " = = s = = ", "a2", " = B = ", "b1", " = C = ", "c1"]
+    assert split_documents(wiki) == [[0, 1, 2, 3], [4, 5], [6, 7]]
+    plain = ["p1", "p1b", "", "p2", "", "", "p3"]
+    assert split_documents(plain) == [[0, 1], [3], [6]]
+    assert split_documents(["r1", "r2"]) == [[0], [1]]
+
+
+def test_mlm_hold_out_takes_whole_documents_in_order():
+    documents = [list(range(i * 10, i * 10 + 10)) for i in range(20)]
+    train, held = hold_out_documents(documents, 0.2, seed=1)
+    assert sorted(train + held) == list(range(200)) and train == sorted(train) and held == sorted(held)
+    assert len(held) == 40
+    assert {row // 10 for row in held}.isdisjoint({row // 10 for row in train})
+    assert hold_out_documents(documents, 0.2, seed=1) == (train, held)
+
+
+def test_mlm_sentence_pairs_label_continuations():
+    rows = [list(range(i * 100, i * 100 + 7)) for i in range(200)]
+    pairs = make_sentence_pairs(rows, 20, np.random.default_rng(0))
+    labels = [label for _, _, label in pairs]
+    assert 0.35 < np.mean(labels) < 0.65
+    stream = [t for row in rows for t in row]
+    for a, b, label in pairs:
+        assert a and b and len(a) + len(b) <= 20
+        if label == 0:  # B continues A in the corpus
+            start = stream.index(a[0])
+            assert stream[start:start + len(a)] == a and stream[start + len(a)] == b[0]
+
+
+def test_mlm_special_template_of_a_bert_tokenizer(tiny_bert):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    template = special_template(tokenizer)
+    assert template.prefix == [tokenizer.cls_token_id] and template.suffix == [tokenizer.sep_token_id]
+    assert template.middle == [tokenizer.sep_token_id] and (template.type_a, template.type_b) == (0, 1)
+    ids, types, special = template.pair([10, 11], [12])
+    assert ids == tokenizer("good bad", "sad")["input_ids"][:1] + [10, 11, tokenizer.sep_token_id, 12, tokenizer.sep_token_id]
+    assert types == [0, 0, 0, 0, 1, 1] and special == [1, 0, 0, 1, 0, 1]
+
+
+def test_mlm_trained_tokenizer_has_the_special_tokens():
+    tokenizer = train_wordpiece_tokenizer(corpus_sentences(200), vocab_size=120, lowercase=True, min_frequency=1, model_max_length=64)
+    for token in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]:
+        assert tokenizer.convert_tokens_to_ids(token) is not None
+    assert (tokenizer.mask_token, tokenizer.pad_token, tokenizer.cls_token) == ("[MASK]", "[PAD]", "[CLS]")
+    encoded = tokenizer("The FILM [MASK] good")
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"])
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "[MASK]" in tokens and "the" in tokens
+    assert len(tokenizer) <= 120
+
+
+# ----- metrics and evaluation -------------------------------------------------------------------
+def test_mlm_metrics_weight_every_masked_token():
+    metrics = masked_lm_metrics(np.array([2.0, 4.0]), np.array([1, 3]), np.array([1.0, 2.0]))
+    assert metrics["loss"] == pytest.approx(1.5)  # not the mean of example means (2 + 4/3) / 2
+    assert metrics["perplexity"] == pytest.approx(np.exp(1.5))
+    assert metrics["accuracy"] == pytest.approx(0.75)
+    with pytest.raises(DataError):
+        masked_lm_metrics(np.zeros(2), np.zeros(2), np.zeros(2))
+
+
+@pytest.fixture
+def prepared(tmp_path, corpus_file):
+    config = mlm_config(tmp_path, corpus_file)
+    task = MlmTask(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    torch.manual_seed(0)
+    model = task.build_model(raw).eval()
+    return task, raw, model
+
+
+def test_mlm_perplexity_is_exp_of_mean_masked_token_loss(prepared):
+    task, raw, model = prepared
+    features = task.preprocess(raw["validation"], train=False)
+    collate = task.collator(train=False)
+    outputs = {}
+    with torch.no_grad():
+        for start, stop in [(0, 3), (3, 4), (4, len(features))]:  # uneven batches
+            for key, value in task.predict_step(model, collate([features[i] for i in range(start, stop)])).items():
+                outputs.setdefault(key, []).append(value.numpy())
+        everything = collate([features[i] for i in range(len(features))])
+        reference_loss = model(**everything).loss.item()  # one batch: mean over all its masked tokens
+    metrics = task.compute_metrics({key: np.concatenate(value) for key, value in outputs.items()}, raw["validation"])
+    assert metrics["perplexity"] == pytest.approx(np.exp(reference_loss), rel=1e-4)
+    assert metrics["loss"] == pytest.approx(reference_loss, rel=1e-5)
+
+
+def test_mlm_evaluation_masks_are_deterministic_training_masks_are_fresh(prepared):
+    task, raw, _ = prepared
+    first = task.preprocess(raw["validation"], train=False)
+    second = task.preprocess(raw["validation"], train=False)
+    assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
+    assert any(label != IGNORE_INDEX for row in first["labels"] for label in row)
+    train = task.preprocess(raw["train"], train=True)
+    collate = task.collator(train=True)
+    rows = [train[i] for i in range(4)]
+    assert not torch.equal(collate(rows)["labels"], collate(rows)["labels"])
+    assert set(collate(rows)) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
+
+
+def test_mlm_held_out_split_and_packing(prepared, corpus_file):
+    task, raw, _ = prepared
+    lines = clean_rows(corpus_file.read_text().splitlines(), drop_headings=True)
+    assert sorted(list(raw["train"]["text"]) + list(raw["validation"]["text"])) == sorted(lines)
+    features = task.preprocess(raw["train"], train=True)
+    lengths = [len(ids) for ids in features["input_ids"]]
+    assert set(lengths[:-1]) == {32} and lengths[-1] <= 32
+    text_tokens = task.tokenizer(list(raw["train"]["text"]), add_special_tokens=False)["input_ids"]
+    packed = [t for ids, special in zip(features["input_ids"], features["special_tokens_mask"]) for t, s in zip(ids, special) if not s]
+    assert packed == [t for row in text_tokens for t in row]
+
+
+def test_mlm_from_scratch_model_matches_the_trained_tokenizer(prepared):
+    task, _, model = prepared
+    assert model.config.vocab_size == len(task.tokenizer) <= 200
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert (Path(task.config.output_dir) / "tokenizer.json").is_file()
+
+
+# ----- continued pretraining and the chain -----------------------------------------------------
+def test_mlm_continued_pretraining_ties_a_new_head(tmp_path, tiny_bert, corpus_file):
+    config = mlm_config(tmp_path, corpus_file, f"model.name_or_path={tiny_bert}")
+    task = MlmTask(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    model = task.build_model(raw)
+    assert type(model).__name__ == "BertForMaskedLM"
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    model.save_pretrained(tmp_path / "pretrained")
+    task.tokenizer.save_pretrained(tmp_path / "pretrained")
+    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    reloaded = AutoModelForMaskedLM.from_pretrained(tmp_path / "pretrained")
+    assert reloaded.get_output_embeddings().weight is reloaded.get_input_embeddings().weight
+    classifier, info = AutoModelForSequenceClassification.from_pretrained(tmp_path / "pretrained", num_labels=2, output_loading_info=True)
+    assert all(key.startswith("cls.") for key in info["unexpected_keys"]), info
+    assert all(key.startswith(("classifier.", "bert.pooler.")) for key in info["missing_keys"]), info
+    assert torch.equal(classifier.bert.embeddings.word_embeddings.weight, model.bert.embeddings.word_embeddings.weight)
+
+
+def test_mlm_next_sentence_prediction_builds_pairs(tmp_path, corpus_file):
+    config = mlm_config(tmp_path, corpus_file, "mlm.next_sentence_prediction=true")
+    task = MlmTask(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    model = task.build_model(raw)
+    assert type(model).__name__ == "BertForPreTraining"
+    features = task.preprocess(raw["train"], train=True)
+    batch = task.collator(train=True)([features[i] for i in range(6)])
+    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"}
+    assert batch["token_type_ids"].max() == 1 and batch["input_ids"].shape[1] <= 32
+    assert torch.isfinite(model(**batch).loss)
+    eval_features = task.preprocess(raw["validation"], train=False)
+    with torch.no_grad():
+        outputs = task.predict_step(model.eval(), task.collator(train=False)([eval_features[i] for i in range(4)]))
+    assert set(outputs) == {"masked_loss_sum", "masked_tokens", "masked_correct", "nsp_correct"}
+
+
+# ----- bad input ---------------------------------------------------------------------------------
+def test_mlm_empty_corpus_is_an_error(tmp_path):
+    corpus = tmp_path / "empty.txt"
+    corpus.write_text("\n  \n = Only A Heading = \n\n")
+    task = MlmTask(mlm_config(tmp_path, corpus, "data.validation_fraction=null",
+                              f"data.files={{train: {corpus}, validation: {corpus}}}"))
+    with pytest.raises(DataError, match="no text"):
+        task.load()
+
+
+def test_mlm_corpus_shorter_than_one_block_is_an_error(tmp_path, corpus_file):
+    task = MlmTask(mlm_config(tmp_path, corpus_file, "data.max_seq_length=64"))
+    raw = task.load()
+    task.build_tokenizer(raw)
+    short = raw["validation"].select([0])
+    with pytest.raises(DataError, match="fewer than one block"):
+        task.preprocess(short, train=True)
+    task_lines = MlmTask(mlm_config(tmp_path, corpus_file, "data.max_seq_length=64", "mlm.packing=false"))
+    task_lines.tokenizer = task.tokenizer
+    assert len(task_lines.preprocess(short, train=True)) == 1
+
+
+def test_mlm_tokenizer_without_mask_token_is_an_error(tmp_path, tiny_bert, corpus_file):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    tokenizer.mask_token = None
+    tokenizer.save_pretrained(tmp_path / "no-mask")
+    task = MlmTask(mlm_config(tmp_path, corpus_file, f"model.tokenizer_name_or_path={tmp_path / 'no-mask'}"))
+    with pytest.raises(ModelError, match="no mask token"):
+        task.build_tokenizer(task.load())
+
+
+def test_mlm_vocab_size_disagreeing_with_the_tokenizer_is_an_error(tmp_path, tiny_bert, corpus_file):
+    task = MlmTask(mlm_config(tmp_path, corpus_file, f"model.tokenizer_name_or_path={tiny_bert}"))
+    raw = task.load()
+    task.build_tokenizer(raw)
+    with pytest.raises(ModelError, match="vocab_size=200 disagrees"):
+        task.build_model(raw)
+
+
+def test_mlm_config_ships_and_loads():
+    config = load_config(Path(__file__).resolve().parents[2] / "configs/pretrain/wikitext2_mlm.yaml", [], lambda name: get_task(name).Options)
+    assert config.task == "mlm" and config.model.name_or_path is None
+    assert config.model.architecture["num_hidden_layers"] == 4 and config.data.max_seq_length == 128
+    assert config.task_options.packing and config.data.validation_fraction == 0.1
+    continued = load_config(Path(__file__).resolve().parents[2] / "configs/pretrain/minilm_wikitext2_continued.yaml", [], lambda name: get_task(name).Options)
+    assert continued.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2" and continued.task_options.whole_word_mask
+
+
+def test_mlm_collator_pads_eval_labels_with_ignore_index(tiny_bert):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    collate = MaskingCollator(tokenizer, None, seed=0)
+    batch = collate([
+        {"input_ids": [2, 10, 3], "attention_mask": [1, 1, 1], "special_tokens_mask": [1, 0, 1], "labels": [-100, 10, -100]},
+        {"input_ids": [2, 3], "attention_mask": [1, 1], "special_tokens_mask": [1, 1], "labels": [-100, -100]},
+    ])
+    assert batch["labels"].tolist() == [[-100, 10, -100], [-100, -100, -100]]
+    assert batch["input_ids"][1, 2] == tokenizer.pad_token_id and batch["attention_mask"][1, 2] == 0

@@ -1,0 +1,157 @@
+"""End to end through the CLI: pretrain a tiny BERT from scratch -> evaluate -> fill-mask -> fine-tune it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.config import load_config
+from pipelines.data import DataError
+from tasks import get_task
+from tasks.mlm import MlmTask
+from tests.conftest import corpus_sentences, run_cli, sentiment_rows, write_config
+from tests.test_cli_classification import classification_config
+
+
+def pretrain_config(tmp_path: Path, corpus: Path) -> Path:
+    return write_config(tmp_path / "pretrain.yaml", f"""# test config
+task: mlm
+output_dir: {tmp_path / 'run'}
+seed: 11
+model:
+  architecture: {{num_hidden_layers: 2, hidden_size: 64, num_attention_heads: 2, intermediate_size: 128,
+                  max_position_embeddings: 64}}
+data:
+  files: {{train: {corpus}}}
+  validation_fraction: 0.15
+  max_seq_length: 32
+mlm:
+  tokenizer_vocab_size: 160
+  tokenizer_min_frequency: 1
+  whole_word_mask: true
+train:
+  num_epochs: 5
+  batch_size: 16
+  learning_rate: 3.0e-3
+  lr_scheduler: constant
+  logging_steps: 5
+  eval_steps: 30
+  # One thread: on a shared 2-core machine two OpenMP threads spin against other jobs (25x slower).
+  torch_num_threads: 1
+""")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Paragraphs of filler and sentiment sentences, with WikiText-style headings and blank lines."""
+    sentences = corpus_sentences(500, seed=3) + [row["sentence"] for row in sentiment_rows(500, seed=4)]
+    np.random.default_rng(0).shuffle(sentences)
+    parts = []
+    for index in range(0, len(sentences), 25):
+        parts.append(f" = Part {index // 25} = \n\n" + "\n".join(sentences[index:index + 25]) + "\n")
+    path = tmp_path_factory.mktemp("corpus") / "corpus.tokens"
+    path.write_text("\n".join(parts))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, corpus) -> Path:
+    tmp_path = tmp_path_factory.mktemp("mlm")
+    run_cli("train", str(pretrain_config(tmp_path, corpus)))
+    return tmp_path / "run"
+
+
+def fresh_model_perplexity(run_dir: Path) -> float:
+    """Validation perplexity of a new, untrained model of the run's shape, on the run's fixed masks."""
+    config = load_config(None, [], lambda name: get_task(name).Options, base=__import__("yaml").safe_load((run_dir / "config.yaml").read_text()))
+    task = MlmTask(config)
+    examples = task.load(include_train=False)[config.data.eval_split]
+    task.build_tokenizer(None, model_path=str(run_dir))
+    task.trained_tokenizer = True
+    torch.manual_seed(0)
+    model = task.build_model(None).eval()
+    features = task.preprocess(examples, train=False)
+    collate = task.collator(train=False)
+    outputs: dict[str, list] = {}
+    with torch.no_grad():
+        for start in range(0, len(features), 32):
+            batch = collate([features[i] for i in range(start, min(start + 32, len(features)))])
+            for key, value in task.predict_step(model, batch).items():
+                outputs.setdefault(key, []).append(value.numpy())
+    return task.compute_metrics({key: np.concatenate(value) for key, value in outputs.items()}, examples)["perplexity"]
+
+
+def test_cli_mlm_pretraining_lowers_validation_perplexity(pretrained):
+    for name in ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "metrics.json", "log.jsonl", "README.md"]:
+        assert (pretrained / name).is_file(), name
+    metrics = json.loads((pretrained / "metrics.json").read_text())
+    assert {"eval_perplexity", "eval_accuracy", "eval_loss", "train_tokens_per_second"} <= set(metrics)
+    assert metrics["eval_perplexity"] == pytest.approx(np.exp(metrics["eval_loss"]))
+    start = fresh_model_perplexity(pretrained)
+    assert start > 50  # an untrained model is close to uniform over the ~160-token vocabulary
+    assert metrics["eval_perplexity"] < 0.5 * start, (start, metrics["eval_perplexity"])
+    log = [json.loads(line) for line in (pretrained / "log.jsonl").read_text().splitlines()]
+    assert any("eval_perplexity" in record for record in log[:-1])  # an intermediate evaluation too
+
+
+def test_cli_mlm_evaluate_reproduces_the_final_evaluation(pretrained):
+    run_cli("evaluate", str(pretrained))
+    again = json.loads((pretrained / "eval_validation.json").read_text())
+    trained = json.loads((pretrained / "metrics.json").read_text())
+    assert again["eval_perplexity"] == pytest.approx(trained["eval_perplexity"], rel=1e-5)
+    assert again["eval_accuracy"] == trained["eval_accuracy"]
+
+
+def test_cli_mlm_predict_fills_masks(pretrained, tmp_path):
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("the film was [MASK] and lovely\nthe [MASK] was a [MASK] story\n")
+    output = tmp_path / "fills.jsonl"
+    run_cli("predict", str(pretrained), "--input", str(inputs), "--output", str(output))
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["text"] for row in rows] == inputs.read_text().splitlines()
+    assert [len(row["masks"]) for row in rows] == [1, 2]
+    for row in rows:
+        for mask in row["masks"]:
+            scores = [p["score"] for p in mask["predictions"]]
+            assert len(scores) == 5 and scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1 + 1e-6
+        assert "[MASK]" not in row["sequence"]
+
+
+def test_cli_mlm_run_serves_the_fill_mask_pipeline(pretrained):
+    from transformers import pipeline
+
+    fill = pipeline("fill-mask", model=str(pretrained), top_k=3)
+    result = fill("the film was [MASK] and lovely")
+    assert len(result) == 3 and all(set(row) >= {"token_str", "score", "sequence"} for row in result)
+
+
+def test_cli_mlm_chain_pretrain_then_fine_tune(pretrained, tmp_path, sentiment_files):
+    config = classification_config(tmp_path, pretrained, sentiment_files, num_epochs=6, eval_steps=None, torch_num_threads=1)
+    run_cli("train", str(config))
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["eval_samples"] == 37 and metrics["eval_accuracy"] >= 0.7, metrics
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["architectures"] == ["BertForSequenceClassification"]
+
+
+def test_cli_mlm_input_without_mask_token_is_named(pretrained, tmp_path):
+    config = load_config(None, [], lambda name: get_task(name).Options, base=__import__("yaml").safe_load((pretrained / "config.yaml").read_text()))
+    task = MlmTask(config)
+    task.build_tokenizer(None, model_path=str(pretrained))
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("a [MASK] here\nno mask on this line\n")
+    with pytest.raises(DataError, match="input line 2"):
+        task.preprocess(task.load_inputs(str(inputs)), train=False)
+
+
+def test_cli_mlm_corpus_shorter_than_a_block_fails_clearly(tmp_path):
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("good film\n\nbad film\n\nthe plot\n")
+    config = pretrain_config(tmp_path, corpus)
+    result = run_cli("train", str(config), "data.max_seq_length=64", check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "fewer than one block" in result.stderr and "Traceback" not in result.stderr
