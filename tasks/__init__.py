@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pipelines.task import Task
 from tasks.classification import ClassificationTask
+from tasks.ner import NerTask
 
 TASKS: dict[str, type[Task]] = {
     "classification": ClassificationTask,
+    "ner": NerTask,
 }
 
 
