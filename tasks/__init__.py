@@ -8,12 +8,14 @@ from __future__ import annotations
 from pipelines.task import Task
 from tasks.classification import ClassificationTask
 from tasks.mlm import MlmTask
+from tasks.ner import NerTask
 from tasks.qa import QATask
 from tasks.translation import TranslationTask
 
 TASKS: dict[str, type[Task]] = {
     "classification": ClassificationTask,
     "mlm": MlmTask,
+    "ner": NerTask,
     "qa": QATask,
     "translation": TranslationTask,
 }

@@ -1,0 +1,332 @@
+"""Units of the NER task: windows, label alignment, window merging, readers, checks, seqeval, entities."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipelines.config import load_config
+from pipelines.data import DataError
+from pipelines.metrics import load_metric
+from tasks import get_task
+from tasks.ner import (
+    IGNORE_INDEX, NerTask, _tokenize_and_align, align_labels, b_to_i_map, check_sentence, first_piece_words, join_words,
+    order_labels, read_conll, select_word_predictions, split_words, word_entities, word_windows,
+)
+from tests.conftest import REPO_ROOT, build_tiny_bert, shared_path
+
+LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-MISC"]
+L = {name: i for i, name in enumerate(LABELS)}
+
+
+# ----- label alignment -------------------------------------------------------------------------
+def test_ner_b_to_i_map_sends_b_to_its_i_and_keeps_the_rest():
+    # B-MISC has no I-MISC in this label set: it stays itself.
+    assert b_to_i_map(LABELS) == [0, 2, 2, 4, 4, 5]
+
+
+def test_ner_align_labels_first_sub_token_ignores_continuations():
+    # [CLS] Jo ##hn Smith lives in Ber ##lin [SEP]: words 0..4, pieces of John and Berlin split.
+    word_ids = [None, 0, 0, 1, 2, 3, 4, 4, None]
+    words = [L["B-PER"], L["I-PER"], L["O"], L["O"], L["B-LOC"]]
+    labels = align_labels(word_ids, words, label_all_tokens=False, b_to_i=b_to_i_map(LABELS))
+    assert labels == [-100, L["B-PER"], -100, L["I-PER"], L["O"], L["O"], L["B-LOC"], -100, -100]
+
+
+def test_ner_align_labels_all_tokens_turns_b_continuations_into_i():
+    word_ids = [None, 0, 0, 0, 1, 1, 2, 2, None]
+    words = [L["B-PER"], L["I-PER"], L["B-MISC"]]
+    labels = align_labels(word_ids, words, label_all_tokens=True, b_to_i=b_to_i_map(LABELS))
+    assert labels == [-100, L["B-PER"], L["I-PER"], L["I-PER"], L["I-PER"], L["I-PER"], L["B-MISC"], L["B-MISC"], -100]
+
+
+def test_ner_first_piece_words_marks_only_first_pieces_with_sentence_indices():
+    assert first_piece_words([None, 0, 0, 1, 2, 2, None], offset=5) == [-1, 5, -1, 6, 7, -1, -1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    folder = build_tiny_bert(tmp_path_factory.mktemp("ner-tok"))
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_ner_tokenize_and_align_labels_each_word_once_on_real_word_pieces(tokenizer):
+    words = ["Storyfilmwarm", "visited", "Brightplotville", "on", "monday"]  # rare words break into several pieces
+    tags = ["B-PER", "O", "B-LOC", "O", "O"]
+    features = _tokenize_and_align(
+        {"tokens": [words], "tags": [tags]}, [0], tokenizer=tokenizer, max_length=64, stride=8,
+        label2id=L, label_all_tokens=False, b_to_i=b_to_i_map(LABELS),
+    )
+    assert len(features["input_ids"]) == 1
+    labels, word_index = features["labels"][0], features["word_index"][0]
+    assert len(features["input_ids"][0]) > len(words) + 2  # the test really exercises word pieces
+    assert [LABELS[label] for label in labels if label != IGNORE_INDEX] == tags
+    assert [w for w in word_index if w >= 0] == [0, 1, 2, 3, 4]
+    # Labels sit exactly on the first pieces.
+    assert [i for i, label in enumerate(labels) if label != IGNORE_INDEX] == [i for i, w in enumerate(word_index) if w >= 0]
+
+    all_pieces = _tokenize_and_align(
+        {"tokens": [words], "tags": [tags]}, [0], tokenizer=tokenizer, max_length=64, stride=8,
+        label2id=L, label_all_tokens=True, b_to_i=b_to_i_map(LABELS),
+    )["labels"][0]
+    word_ids = tokenizer(words, is_split_into_words=True).word_ids()
+    expected = [IGNORE_INDEX if w is None else L[tags[w]] for w in word_ids]
+    for position in range(1, len(word_ids)):
+        word = word_ids[position]
+        if word is not None and word == word_ids[position - 1] and tags[word].startswith("B-"):
+            expected[position] = L["I-" + tags[word][2:]]
+    assert all_pieces == expected
+    assert all_pieces.count(L["I-PER"]) >= 1 and all_pieces.count(L["I-LOC"]) >= 1  # continuations: B -> I
+
+
+# ----- windows over long sentences -------------------------------------------------------------
+def test_ner_word_windows_hand_made():
+    # pieces per word:    0  1  2  3  4  5  6
+    counts = [1, 2, 3, 1, 1, 2, 1]
+    # Budget 4: [0,2) = 3 pieces (word 2 would make 6). Stepping back over word 1 (2 pieces <= stride)
+    # would leave no room for word 2, so the next window starts at word 2: [2,4) = 4 pieces. Then the
+    # overlap takes word 3 (1 piece) but not word 2 (3 more): [3,6), then word 5 (2 pieces): [5,7).
+    assert word_windows(counts, max_pieces=4, stride=2) == [(0, 2), (2, 4), (3, 6), (5, 7)]
+    assert word_windows(counts, max_pieces=4, stride=0) == [(0, 2), (2, 4), (4, 7)]
+    assert word_windows(counts, max_pieces=100, stride=10) == [(0, 7)]
+    assert word_windows([], max_pieces=4, stride=2) == []
+
+
+def test_ner_word_windows_word_longer_than_the_budget_gets_its_own_window():
+    assert word_windows([1, 9, 1], max_pieces=4, stride=0) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_ner_word_windows_cover_every_word_within_budget_and_advance():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        counts = rng.integers(1, 5, size=rng.integers(1, 80)).tolist()
+        budget, stride = int(rng.integers(4, 20)), int(rng.integers(0, 12))
+        windows = word_windows(counts, budget, stride)
+        covered = set()
+        for (start, end), following in zip(windows, windows[1:] + [None]):
+            assert end > start and (sum(counts[start:end]) <= budget or end - start == 1)
+            if following is not None:
+                assert start < following[0] <= end  # windows advance and leave no gap
+            covered.update(range(start, end))
+            if following is not None:
+                assert following[1] > end  # no window is contained in the one before
+        assert covered == set(range(len(counts)))
+        assert windows[-1][1] == len(counts)
+
+
+def test_ner_long_sentence_windows_lose_no_word(tokenizer):
+    words = [f"w{i}" if i % 3 else "Brightplotville" for i in range(150)]
+    tags = ["B-LOC" if i % 3 == 0 else "O" for i in range(150)]
+    features = _tokenize_and_align(
+        {"tokens": [words], "tags": [tags]}, [7], tokenizer=tokenizer, max_length=24, stride=6,
+        label2id=L, label_all_tokens=False, b_to_i=b_to_i_map(LABELS),
+    )
+    assert len(features["input_ids"]) > 5
+    assert all(len(ids) <= 24 for ids in features["input_ids"])
+    assert set(features["example_index"]) == {7}
+    seen = {w for window in features["word_index"] for w in window if w >= 0}
+    assert seen == set(range(150))
+    # Each window labels its words with their own tags.
+    for labels, word_index in zip(features["labels"], features["word_index"]):
+        assert [LABELS[l] for l in labels if l != IGNORE_INDEX] == [tags[w] for w in word_index if w >= 0]
+    # Every word gets a prediction when the windows are merged back.
+    widths = max(len(ids) for ids in features["input_ids"])
+    tag_ids = np.zeros((len(features["input_ids"]), widths), dtype=np.int64)
+    chosen, _, context = select_word_predictions(tag_ids, np.ones_like(tag_ids, dtype=float), [0] * len(tag_ids), features["word_index"], [150])
+    assert all(tag >= 0 for tag in chosen[0]) and min(context[0]) >= 0
+
+
+def test_ner_select_word_predictions_prefers_the_window_with_most_context():
+    # Example 0 has 4 words in two windows: [CLS] w0 w1 w2 [SEP] and [CLS] w1 w2 w3 [SEP].
+    word_index = [[-1, 0, 1, 2, -1], [-1, 1, 2, 3, -1], [-1, 0, -1]]
+    tag_ids = np.array([[9, 1, 1, 1, 9], [9, 2, 2, 2, 9], [9, 5, 9, -100, -100]])  # batches padded on dim 1
+    scores = np.array([[0, .1, .2, .3, 0], [0, .4, .5, .6, 0], [0, .7, 0, 0, 0]])
+    tags, chosen_scores, context = select_word_predictions(tag_ids, scores, [0, 0, 1], word_index, [4, 2])
+    # w1 sits in the middle of window 0 (context 2) but at the edge-1 of window 1 (context 1).
+    # w2: context 1 in window 0, 2 in window 1.
+    assert tags[0] == [1, 1, 2, 2]
+    assert chosen_scores[0] == [.1, .2, .5, .6]
+    assert context[0] == [1, 2, 2, 1]
+    assert tags[1] == [5, -1]  # example 1's second word has no piece in any window
+
+
+# ----- readers and checks --------------------------------------------------------------------------
+CONLL = """-DOCSTART- -X- -X- O
+
+EU NNP B-NP B-ORG
+rejects VBZ B-VP O
+German JJ B-NP B-MISC
+
+
+Peter NNP B-NP B-PER
+Blackburn NNP I-NP I-PER
+"""
+
+
+def test_ner_read_conll_skips_docstart_and_blank_lines(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text(CONLL)
+    sentences = read_conll(path)
+    assert [s["tokens"] for s in sentences] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]]
+    assert [s["tags"] for s in sentences] == [["B-ORG", "O", "B-MISC"], ["B-PER", "I-PER"]]
+    assert [s["location"] for s in sentences] == [f"{path}:3", f"{path}:8"]
+    assert read_conll(path, tag_column=1)[1]["tags"] == ["NNP", "NNP"]
+    assert read_conll(path, tag_column=2)[0]["tags"] == ["B-NP", "B-VP", "B-NP"]
+
+
+def test_ner_read_conll_wrong_column_count_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.conll"
+    path.write_text(CONLL.replace("rejects VBZ B-VP O", "rejects VBZ O"))
+    with pytest.raises(DataError, match=rf"{path}:4: 3 columns where the file has 4 \(as on line 3\)"):
+        read_conll(path)
+    good = _write(tmp_path / "ok.txt", CONLL)
+    with pytest.raises(DataError, match=rf"{good}:3: ner.conll_tag_column=7 but the file has 4 columns"):
+        read_conll(good, tag_column=7)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_ner_check_sentence_errors_name_the_location():
+    labels = set(LABELS)
+    check_sentence(["Peter", "said"], ["B-PER", "O"], labels, "f.jsonl:3")
+    with pytest.raises(DataError, match=r"f.jsonl:3: 2 tokens but 1 tags"):
+        check_sentence(["Peter", "said"], ["B-PER"], labels, "f.jsonl:3")
+    with pytest.raises(DataError, match=r"f.jsonl:4: word 1 'Acme' has tag 'B-ORG', which is not in the label set"):
+        check_sentence(["at", "Acme"], ["O", "B-ORG"], labels, "f.jsonl:4")
+    with pytest.raises(DataError, match=r"f.jsonl:5: empty sentence"):
+        check_sentence([], [], labels, "f.jsonl:5")
+
+
+def test_ner_order_labels_puts_o_first_and_groups_by_type():
+    assert order_labels({"I-PER", "B-LOC", "O", "B-PER", "S-LOC", "I-LOC"}) == ["O", "B-LOC", "I-LOC", "S-LOC", "B-PER", "I-PER"]
+    assert order_labels({"NN", "DT", "VB"}) == ["DT", "NN", "VB"]
+
+
+def _task(tmp_path, files: dict, **ner) -> NerTask:
+    overrides = [f"data.files.{split}={path}" for split, path in files.items()] + [f"ner.{k}={json.dumps(v)}" for k, v in ner.items()]
+    config = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [f"output_dir={tmp_path / 'run'}", *overrides], lambda name: get_task(name).Options)
+    return NerTask(config)
+
+
+def test_ner_load_reads_conll_and_jsonl_and_infers_the_label_set(tmp_path):
+    train = _write(tmp_path / "train.txt", CONLL)
+    validation = _write(tmp_path / "validation.jsonl", json.dumps({"tokens": ["Peter", "left"], "ner_tags": ["B-PER", "O"]}) + "\n")
+    task = _task(tmp_path, {"train": train, "validation": validation})
+    raw = task.load()
+    assert task.label_names == ["O", "B-MISC", "B-ORG", "B-PER", "I-PER"]
+    assert raw["validation"][0] == {"tokens": ["Peter", "left"], "tags": ["B-PER", "O"], "location": f"{validation}:1"}
+    assert raw["train"]["location"] == [f"{train}:3", f"{train}:8"]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"tokens": ["Peter", "left"], "ner_tags": ["B-PER"]}, r"validation.jsonl:2: 2 tokens but 1 tags"),
+        ({"tokens": ["Acme", "left"], "ner_tags": ["B-ORGX", "O"]}, r"validation.jsonl:2: word 0 'Acme' has tag 'B-ORGX'"),
+        ({"tokens": [], "ner_tags": []}, r"validation.jsonl:2: empty sentence"),
+    ],
+)
+def test_ner_load_bad_sentence_names_file_and_line(tmp_path, row, message):
+    train = _write(tmp_path / "train.txt", CONLL)
+    good = json.dumps({"tokens": ["Peter"], "ner_tags": ["B-PER"]})
+    validation = _write(tmp_path / "validation.jsonl", good + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=message):
+        _task(tmp_path, {"train": train, "validation": validation}).load()
+
+
+def test_ner_conll2003_config_loads_with_ner_options():
+    config = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [], lambda name: get_task(name).Options)
+    assert config.task == "ner" and config.data.path == "eriktks/conll2003"
+    assert config.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2"
+    assert config.task_options.label_all_tokens is False and config.task_options.stride == 32
+    assert config.train.learning_rate > 5e-5 and config.train.warmup_fraction > 0
+
+
+def test_ner_real_conll_files_and_hub_copy_agree(monkeypatch, tmp_path):
+    mirror = shared_path("mirror")
+    train_txt = shared_path("data", "conll2003", "valid.txt")
+    sentences = read_conll(train_txt)
+    assert len(sentences) == 3250
+    monkeypatch.setenv("BERTPIPE_MIRROR", str(mirror))
+    config = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [f"output_dir={tmp_path}", "data.max_train_samples=50"], lambda n: get_task(n).Options)
+    task = NerTask(config)
+    raw = task.load()
+    assert task.label_names == ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+    assert len(raw["validation"]) == 3250
+    assert raw["validation"][0]["tokens"] == sentences[0]["tokens"] and raw["validation"][0]["tags"] == sentences[0]["tags"]
+
+
+# ----- seqeval -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def seqeval():
+    return load_metric("seqeval")
+
+
+def test_seqeval_iob2_micro_and_per_type_against_hand_counts(seqeval):
+    references = [["B-PER", "I-PER", "O", "B-LOC", "O"], ["B-ORG", "I-ORG", "O", "B-PER"]]
+    predictions = [["B-PER", "I-PER", "O", "B-ORG", "O"], ["B-ORG", "O", "O", "B-PER"]]
+    result = seqeval.compute(predictions=predictions, references=references)
+    # Gold: PER x2, LOC, ORG(0-1). Predicted: PER x2 (right), ORG at 3 (wrong), ORG(0) (wrong span).
+    assert result["overall_precision"] == pytest.approx(2 / 4)
+    assert result["overall_recall"] == pytest.approx(2 / 4)
+    assert result["overall_f1"] == pytest.approx(0.5)
+    assert result["overall_accuracy"] == pytest.approx(7 / 9)
+    assert result["PER"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "number": 2}
+    assert result["LOC"]["recall"] == 0.0 and result["LOC"]["number"] == 1
+    assert result["ORG"]["precision"] == 0.0
+
+
+def test_seqeval_iob1_and_iobes_are_chunked_like_conlleval(seqeval):
+    # IOB1: I- opens an entity; B- only splits two adjacent entities of one type.
+    iob1 = [["I-PER", "I-PER", "B-PER", "O", "I-LOC"]]
+    iob2 = [["B-PER", "I-PER", "B-PER", "O", "B-LOC"]]
+    assert seqeval.compute(predictions=iob2, references=iob1)["overall_f1"] == 1.0
+    iobes = [["B-PER", "E-PER", "S-PER", "O", "S-LOC"]]
+    assert seqeval.compute(predictions=iob2, references=iobes)["overall_f1"] == 1.0
+    # One of three entities merged wrongly: P = 1/2 (1 of 2 predicted), R = 1/3.
+    merged = [["B-PER", "I-PER", "I-PER", "O", "S-LOC"]]
+    result = seqeval.compute(predictions=merged, references=iobes)
+    assert result["overall_precision"] == pytest.approx(1 / 2) and result["overall_recall"] == pytest.approx(1 / 3)
+
+
+def test_seqeval_strict_mode_rejects_invalid_chunks(seqeval):
+    references = [["O", "B-PER", "I-PER", "O"]]
+    predictions = [["O", "I-PER", "I-PER", "O"]]  # a lenient reader accepts it; strict IOB2 does not
+    assert seqeval.compute(predictions=predictions, references=references)["overall_f1"] == 1.0
+    strict = seqeval.compute(predictions=predictions, references=references, mode="strict", scheme="IOB2")
+    assert strict["overall_f1"] == 0.0 and strict["overall_accuracy"] == pytest.approx(3 / 4)
+    iobes_ref = [["S-PER", "O", "B-LOC", "E-LOC"]]
+    iobes_pred = [["S-PER", "O", "B-LOC", "I-LOC"]]  # unterminated entity: invalid in IOBES
+    result = seqeval.compute(predictions=iobes_pred, references=iobes_ref, mode="strict", scheme="IOBES")
+    assert result["overall_precision"] == 1.0 and result["overall_recall"] == pytest.approx(1 / 2)
+    with pytest.raises(ValueError, match="needs a scheme"):
+        seqeval.compute(predictions=predictions, references=references, mode="strict")
+
+
+# ----- words and entities --------------------------------------------------------------------------
+def test_ner_split_words_offsets_point_into_the_text():
+    text = "EU rejects German call, said Peter  Blackburn in U.S. on 1996-08-22."
+    words = split_words(text)
+    assert [w for w, _ in words] == ["EU", "rejects", "German", "call", ",", "said", "Peter", "Blackburn", "in", "U.S", ".",
+                                     "on", "1996-08-22", "."]
+    assert all(text[start:end] == word for word, (start, end) in words)
+
+
+def test_ner_word_entities_give_character_spans_and_word_spans():
+    text = "Peter  Blackburn visited New York"
+    offsets = [span for _, span in split_words(text)]
+    tags = ["B-PER", "I-PER", "O", "B-LOC", "I-LOC"]
+    entities = word_entities(tags, [0.9, 0.7, 0.99, 0.8, 0.6], offsets, text)
+    assert entities == [
+        {"entity_group": "PER", "word": "Peter  Blackburn", "start": 0, "end": 16, "score": 0.8, "start_word": 0, "end_word": 2},
+        {"entity_group": "LOC", "word": "New York", "start": 25, "end": 33, "score": 0.7, "start_word": 3, "end_word": 5},
+    ]
+    joined, spans = join_words(["Peter", "Blackburn", "left"])
+    assert joined == "Peter Blackburn left" and spans == [(0, 5), (6, 15), (16, 20)]

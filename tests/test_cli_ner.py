@@ -1,0 +1,154 @@
+"""End to end through the CLI on a tiny BERT: train -> evaluate -> predict -> pipeline("token-classification").
+
+The synthetic task: names from a fixed list are PER (first name B-PER, surname I-PER), cities are LOC,
+everything else O. Train sentences come as a CoNLL column file, validation as jsonl; some sentences
+are longer than max_seq_length, so they are windowed and every word must still be evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FILLER_WORDS, build_tiny_bert, run_cli, write_config, write_jsonl
+
+FIRST_NAMES = ["alice", "bruno", "chen", "dmitri", "elena", "farah"]
+SURNAMES = ["smith", "okafor", "garcia", "novak"]
+CITIES = ["paris", "berlin", "lagos", "lima", "oslo"]
+VERBS = ["met", "visited", "left", "called", "saw"]
+
+
+def ner_sentence(rng: random.Random, filler: int) -> tuple[list[str], list[str]]:
+    words, tags = [], []
+    for _ in range(filler):
+        roll = rng.random()
+        if roll < 0.12:
+            words.append(rng.choice(FIRST_NAMES)); tags.append("B-PER")
+            if rng.random() < 0.6:
+                words.append(rng.choice(SURNAMES)); tags.append("I-PER")
+        elif roll < 0.22:
+            words.append(rng.choice(CITIES)); tags.append("B-LOC")
+        else:
+            words.append(rng.choice(FILLER_WORDS + VERBS)); tags.append("O")
+    return words, tags
+
+
+def ner_sentences(count: int, seed: int, long_every: int = 10) -> list[tuple[list[str], list[str]]]:
+    rng = random.Random(seed)
+    return [ner_sentence(rng, rng.randint(35, 45) if i % long_every == 0 else rng.randint(3, 12)) for i in range(count)]
+
+
+def write_conll(path: Path, sentences) -> Path:
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for words, tags in sentences:
+        lines.extend(f"{word} X X {tag}" for word, tag in zip(words, tags))
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def ner_setup(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ner-cli")
+    model = build_tiny_bert(folder / "tiny", vocab_words=[" ".join(FIRST_NAMES + SURNAMES + CITIES + VERBS)] * 20)
+    validation = ner_sentences(41, seed=2, long_every=5)
+    files = {
+        "train": write_conll(folder / "train.txt", ner_sentences(240, seed=1)),
+        "validation": write_jsonl(folder / "validation.jsonl", [{"tokens": w, "ner_tags": t} for w, t in validation]),
+    }
+    config = write_config(folder / "ner.yaml", f"""# test config
+task: ner
+output_dir: {folder / 'run'}
+seed: 3
+model:
+  name_or_path: {model}
+data:
+  files:
+    train: {files['train']}
+    validation: {files['validation']}
+  max_seq_length: 24
+train:
+  num_epochs: 4
+  batch_size: 16
+  learning_rate: 3.0e-3
+  warmup_fraction: 0.05
+  logging_steps: 10
+  eval_steps: 30
+  torch_num_threads: 1  # the test machine is shared: one thread avoids oversubscription stalls
+ner:
+  stride: 8
+""")
+    run_cli("train", str(config))
+    return {"run": folder / "run", "config": config, "files": files, "validation": validation}
+
+
+def test_cli_ner_train_writes_metrics_per_entity_type_over_every_word(ner_setup):
+    run = ner_setup["run"]
+    metrics = json.loads((run / "metrics.json").read_text())
+    for key in ["eval_precision", "eval_recall", "eval_f1", "eval_accuracy", "eval_PER_f1", "eval_LOC_f1",
+                "eval_PER_precision", "eval_LOC_recall", "train_samples_per_second"]:
+        assert key in metrics, key
+    assert metrics["eval_samples"] == 41
+    # Words, not pieces, and none lost to the windows of the long sentences (max_seq_length 24).
+    assert metrics["eval_words"] == sum(len(words) for words, _ in ner_setup["validation"])
+    assert metrics["eval_f1"] >= 0.9, metrics
+    config = json.loads((run / "config.json").read_text())
+    assert set(config["id2label"].values()) == {"O", "B-PER", "I-PER", "B-LOC"}
+    written = (run / "eval_predictions.conll").read_text().split("\n\n")
+    assert len([block for block in written if block.strip()]) == 41
+
+
+def test_cli_ner_evaluate_matches_training_metrics(ner_setup):
+    run = ner_setup["run"]
+    run_cli("evaluate", str(run))
+    evaluated = json.loads((run / "eval_validation.json").read_text())
+    trained = json.loads((run / "metrics.json").read_text())
+    for key in ["eval_f1", "eval_accuracy", "eval_PER_f1", "eval_words"]:
+        assert evaluated[key] == pytest.approx(trained[key]), key
+
+
+def test_cli_ner_predict_raw_text_and_pre_tokenized(ner_setup, tmp_path):
+    run = ner_setup["run"]
+    text_input = tmp_path / "input.txt"
+    text_input.write_text("alice smith visited paris .\n\nthe film was about chen novak and oslo\n")
+    text_output = tmp_path / "text.jsonl"
+    run_cli("predict", str(run), "--input", str(text_input), "--output", str(text_output))
+    rows = [json.loads(line) for line in text_output.read_text().splitlines()]
+    assert [row["text"] for row in rows] == text_input.read_text().splitlines()
+    for row in rows:
+        assert all(row["text"][e["start"]:e["end"]] == e["word"] for e in row["entities"])
+    assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in rows[0]["entities"]] == [
+        ("PER", "alice smith", 0, 11), ("LOC", "paris", 20, 25)]
+    assert rows[1]["entities"] == []
+    assert [(e["entity_group"], e["word"]) for e in rows[2]["entities"]] == [("PER", "chen novak"), ("LOC", "oslo")]
+
+    tokens_input = write_jsonl(tmp_path / "tokens.jsonl", [{"tokens": ["elena", "garcia", "saw", "lima"]}])
+    tokens_output = tmp_path / "tokens-out.jsonl"
+    run_cli("predict", str(run), "--input", str(tokens_input), "--output", str(tokens_output))
+    [row] = [json.loads(line) for line in tokens_output.read_text().splitlines()]
+    assert row["tags"] == ["B-PER", "I-PER", "O", "B-LOC"]
+    assert [(e["entity_group"], e["word"], e["start"], e["end"], e["start_word"], e["end_word"]) for e in row["entities"]] == [
+        ("PER", "elena garcia", 0, 12, 0, 2), ("LOC", "lima", 17, 21, 3, 4)]
+
+
+def test_cli_ner_pipeline_returns_entity_groups_with_offsets(ner_setup):
+    from transformers import pipeline
+
+    tagger = pipeline("token-classification", model=str(ner_setup["run"]), aggregation_strategy="simple")
+    text = "alice smith visited paris"
+    groups = tagger(text)
+    assert [(g["entity_group"], g["start"], g["end"]) for g in groups] == [("PER", 0, 11), ("LOC", 20, 25)]
+    assert [text[g["start"]:g["end"]] for g in groups] == ["alice smith", "paris"]
+
+
+def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_path):
+    bad = write_jsonl(tmp_path / "validation.jsonl", [
+        {"tokens": ["alice", "left"], "ner_tags": ["B-PER", "O"]},
+        {"tokens": ["acme", "hired", "bruno"], "ner_tags": ["B-ORG", "O", "B-PER"]},
+    ])
+    result = run_cli("train", str(ner_setup["config"]), f"output_dir={tmp_path / 'run'}", f"data.files.validation={bad}", check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"{bad}:2" in result.stderr and "'B-ORG'" in result.stderr and "Traceback" not in result.stderr
