@@ -107,7 +107,14 @@ def _print_metrics(metrics: dict) -> None:
 
 def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may also follow options (``predict RUN --input F --output F key=value``), which a
+    # positional ``nargs="*"`` alone would reject.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any("=" not in item or item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     try:
         return run(args, get_task)
     except USER_ERRORS as error:
