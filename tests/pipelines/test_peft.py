@@ -254,3 +254,15 @@ def test_config_peft_section_is_typed_and_suggests_keys(tmp_path):
         load_config(path, ["model.peft.method=prefix"])
     with pytest.raises(ConfigError, match="hub.repo_id"):
         load_config(path, ["hub.push=true"])
+
+
+def test_config_sst2_lora_yaml_loads_with_a_lora_section():
+    from pathlib import Path
+
+    from tasks import get_task
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "classification" / "sst2_lora.yaml"
+    assert path.read_text().startswith("# Run:  bertpipe train configs/classification/sst2_lora.yaml")
+    config = load_config(path, [], lambda name: get_task(name).Options)
+    assert config.model.peft == PeftConfig(method="lora", r=8, alpha=16, dropout=0.1, merge=False)
+    assert config.train.learning_rate == 1e-3 and config.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2"
