@@ -1,13 +1,20 @@
 """Model card (``README.md`` in the run directory), built with huggingface_hub's ``ModelCard``.
 
-In:  the run directory, the resolved config, the task (for its pipeline tag) and the final metrics.
-Out: ``README.md`` with YAML metadata the Hub parses (base model, datasets, tags, pipeline tag and a
-     ``model-index`` of the final ``eval_*`` metrics) and a body with the hyperparameters, the
-     metrics table, framework versions and a ``pipeline()`` usage snippet.
+In:  the resolved config, the task's pipeline tag, the final metrics (``metrics.json``) and the
+     name the model goes by (the run folder, or the Hub repo id when publishing).
+Out: ``README.md`` whose YAML metadata the Hub parses -- base model, datasets, language, license,
+     tags, pipeline tag, library (``peft`` for an adapter) and a ``model-index`` of the final
+     ``eval_*`` metrics under the Hub's metric ids (``accuracy``, ``f1``, ``exact_match``,
+     ``bleu``, ``perplexity``...; ``f1_macro`` becomes type ``f1`` with config ``macro``) -- and a
+     body with the metrics table, the training hyperparameters, framework versions and a usage
+     snippet for the task (through peft for an adapter).
+
+``ModelCard.load(path).data.eval_results`` reads the metrics back (tested).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,58 +22,174 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from pipelines.config import RunConfig
 
-_SKIPPED_METRICS = {"eval_samples", "eval_runtime"}
+# Bookkeeping that the evaluation loop reports next to the metrics.
+_SKIPPED_METRICS = {"eval_samples", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+# bertpipe metric name -> Hub metric id, where they differ.
+_HUB_METRIC_IDS = {"pearson": "pearsonr", "exact": "exact_match", "em": "exact_match", "sacrebleu": "bleu", "ppl": "perplexity"}
+_AVERAGES = ("macro", "micro", "weighted", "samples")
+
+# Auto class per pipeline tag, for the snippets of tags transformers 5 has no pipeline for.
+_AUTO_CLASSES = {
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "fill-mask": "AutoModelForMaskedLM",
+    "translation": "AutoModelForSeq2SeqLM",
+    "summarization": "AutoModelForSeq2SeqLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "text-generation": "AutoModelForCausalLM",
+}
+_PIPELINE_EXAMPLES = {
+    "text-classification": '"a gripping, beautifully acted film"',
+    "token-classification": '"Angela Merkel visited Paris in May."',
+    "fill-mask": 'f"Paris is the {predictor.tokenizer.mask_token} of France."',
+    "text-generation": '"Once upon a time"',
+}
+
+
+def hub_metric(name: str) -> tuple[str, str | None]:
+    """bertpipe metric name (no ``eval_`` prefix) -> (Hub metric id, metric config)."""
+    for average in _AVERAGES:
+        if name.endswith(f"_{average}"):
+            base, _ = hub_metric(name.removesuffix(f"_{average}"))
+            return base, average
+    return _HUB_METRIC_IDS.get(name, name), None
+
+
+def is_local_path(name: str | None) -> bool:
+    return name is not None and Path(name).expanduser().exists()
 
 
 def eval_results(config: RunConfig, task_tag: str, metrics: dict[str, Any]) -> list[EvalResult]:
-    dataset = config.data.path or "local files"
-    return [
-        EvalResult(
+    """One ``EvalResult`` per finite ``eval_*`` metric; ``metric_name`` keeps bertpipe's name."""
+    hub_dataset = config.data.path if config.data.path and not is_local_path(config.data.path) else None
+    results = []
+    for key, value in metrics.items():
+        if not key.startswith("eval_") or key in _SKIPPED_METRICS or isinstance(value, bool):
+            continue
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        name = key.removeprefix("eval_")
+        metric_type, metric_config = hub_metric(name)
+        results.append(EvalResult(
             task_type=task_tag,
-            dataset_type=dataset,
-            dataset_name=dataset,
+            dataset_type=hub_dataset or "custom",
+            dataset_name=hub_dataset or "local files",
             dataset_config=config.data.name,
             dataset_split=config.data.eval_split,
-            metric_type=key.removeprefix("eval_"),
-            metric_name=key.removeprefix("eval_"),
+            metric_type=metric_type,
+            metric_name=name,
+            metric_config=metric_config,
             metric_value=float(value),
-        )
-        for key, value in metrics.items()
-        if key.startswith("eval_") and key not in _SKIPPED_METRICS and isinstance(value, (int, float))
-    ]
+        ))
+    return results
 
 
-def _versions() -> str:
+def _versions(adapter: bool) -> str:
     import accelerate
     import datasets
     import torch
     import transformers
 
-    return "\n".join(
-        f"- {name} {module.__version__}" for name, module in
-        [("transformers", transformers), ("torch", torch), ("datasets", datasets), ("accelerate", accelerate)]
-    )
+    modules = [("transformers", transformers), ("torch", torch), ("datasets", datasets), ("accelerate", accelerate)]
+    if adapter:
+        import peft
+
+        modules.insert(0, ("peft", peft))
+    return "\n".join(f"- {name} {module.__version__}" for name, module in modules)
 
 
-def build_model_card(config: RunConfig, task_tag: str, metrics: dict[str, Any], *, model_name: str) -> ModelCard:
+def usage_snippet(task_tag: str, model_name: str, *, base_model: str | None, adapter: bool) -> str:
+    """Python that loads the model for its task: ``pipeline()`` where transformers has one."""
+    auto_class = _AUTO_CLASSES.get(task_tag, "AutoModel")
+    if adapter:
+        # transformers' own adapter loading builds the base from the base checkpoint's config,
+        # which lacks the trained head's label maps: load the base under this repo's config.
+        load = f"""from peft import PeftModel
+from transformers import AutoConfig, AutoTokenizer, {auto_class}
+
+config = AutoConfig.from_pretrained("{model_name}")  # the trained head's label maps
+base = {auto_class}.from_pretrained("{base_model or 'BASE_MODEL'}", config=config)
+model = PeftModel.from_pretrained(base, "{model_name}").merge_and_unload()  # or keep the PeftModel
+tokenizer = AutoTokenizer.from_pretrained("{model_name}")
+"""
+        model_argument = "model=model, tokenizer=tokenizer"
+    else:
+        load = f"""from transformers import AutoTokenizer, {auto_class}
+
+model = {auto_class}.from_pretrained("{model_name}")
+tokenizer = AutoTokenizer.from_pretrained("{model_name}")
+"""
+        model_argument = f'model="{model_name}"'
+    if task_tag in _PIPELINE_EXAMPLES:
+        usage = f"""from transformers import pipeline
+
+predictor = pipeline("{task_tag}", {model_argument})
+print(predictor({_PIPELINE_EXAMPLES[task_tag]}))"""
+        return usage if not adapter else load + "\n" + usage
+    if task_tag == "question-answering":
+        usage = """import torch
+
+inputs = tokenizer("Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare.", return_tensors="pt")
+with torch.no_grad():
+    outputs = model(**inputs)
+start, end = int(outputs.start_logits.argmax()), int(outputs.end_logits.argmax())
+print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
+    elif _AUTO_CLASSES.get(task_tag) == "AutoModelForSeq2SeqLM":
+        usage = """inputs = tokenizer(["A man is riding a bicycle."], return_tensors="pt")
+generated = model.generate(**inputs, max_new_tokens=64, num_beams=4)
+print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
+    else:
+        usage = """inputs = tokenizer("Hello world", return_tensors="pt")
+outputs = model(**inputs)"""
+    return load + "\n" + usage
+
+
+def build_model_card(
+    config: RunConfig, task_tag: str, metrics: dict[str, Any], *, model_name: str, adapter: bool | None = None
+) -> ModelCard:
+    """The card for a run; ``adapter`` (default: the run used ``model.peft``) selects the peft variant."""
+    adapter = config.model.peft is not None if adapter is None else adapter
+    source = config.model.name_or_path
+    base_model = source if source and not is_local_path(source) else None
+    hub_dataset = config.data.path if config.data.path and not is_local_path(config.data.path) else None
+    tags = ["bertpipe", config.task, *config.hub.tags]
+    if adapter:
+        tags += ["peft", config.model.peft.method]
     card_data = ModelCardData(
         model_name=model_name,
-        base_model=config.model.name_or_path,
-        datasets=[config.data.path] if config.data.path else None,
-        library_name="transformers",
+        base_model=base_model,
+        datasets=[hub_dataset] if hub_dataset else None,
+        language=config.hub.language,
+        license=config.hub.license,
+        library_name="peft" if adapter else "transformers",
         pipeline_tag=task_tag,
-        tags=["bertpipe", config.task],
+        tags=list(dict.fromkeys(tags)),
         eval_results=eval_results(config, task_tag, metrics) or None,
     )
-    hyperparameters = "\n".join(f"- {key}: {value}" for key, value in config.train.model_dump().items() if value not in (None, [], {}))
-    metric_rows = "\n".join(f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |" for key, value in metrics.items())
+    hyperparameters = "\n".join(
+        f"- {key}: {value}" for key, value in config.train.model_dump().items() if value not in (None, [], {})
+    )
+    if config.model.peft is not None:
+        hyperparameters += "\n" + "\n".join(
+            f"- peft.{key}: {value}" for key, value in config.model.peft.model_dump().items() if value is not None
+        )
+    metric_rows = "\n".join(
+        f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |" for key, value in metrics.items()
+    )
+    origin = f"`{source}`" if source else "a randomly initialised model"
+    data = f"`{config.data.path}`" + (f" ({config.data.name})" if config.data.name else "") if hub_dataset else "local files"
+    adapter_note = (
+        f"\nThis repository holds a {config.model.peft.method.upper()} adapter (plus the trained task head), "
+        f"not a full model: load it on top of `{base_model or source}` with peft as shown below.\n"
+        if adapter else ""
+    )
+    snippet = usage_snippet(task_tag, model_name, base_model=base_model or source, adapter=adapter)
     body = f"""
 # {model_name}
 
-Trained with bertpipe (`task: {config.task}`) from
-{f"`{config.model.name_or_path}`" if config.model.name_or_path else "a randomly initialised model"}
-on {f"`{config.data.path}`" + (f" ({config.data.name})" if config.data.name else "") if config.data.path else "local files"}.
-
+Trained with bertpipe (`task: {config.task}`) from {origin} on {data}.
+{adapter_note}
 ## Results ({config.data.eval_split} split)
 
 | metric | value |
@@ -76,9 +199,7 @@ on {f"`{config.data.path}`" + (f" ({config.data.name})" if config.data.name else
 ## Usage
 
 ```python
-from transformers import pipeline
-
-predictor = pipeline("{task_tag}", model="{model_name}")
+{snippet}
 ```
 
 ## Training hyperparameters
@@ -88,7 +209,7 @@ predictor = pipeline("{task_tag}", model="{model_name}")
 
 ## Framework versions
 
-{_versions()}
+{_versions(adapter)}
 """
     return ModelCard.from_template(card_data, template_str="---\n{{ card_data }}\n---\n" + body)
 

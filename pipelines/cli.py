@@ -1,7 +1,10 @@
 """The ``bertpipe`` command line.
 
 In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY=VALUE ...]``,
-     ``bertpipe predict RUN_DIR --input FILE --output FILE [KEY=VALUE ...]`` and the tool commands.
+     ``bertpipe predict RUN_DIR --input FILE --output FILE [KEY=VALUE ...]``,
+     ``bertpipe merge RUN_DIR [--out DIR]`` (adapter -> full model),
+     ``bertpipe publish RUN_DIR --repo-id OWNER/NAME [--private|--public] [--revision BRANCH]
+     [--commit-message MSG] [--merged] [--dry-run --out DIR]`` and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
      (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
 
@@ -23,9 +26,12 @@ from pipelines.data import DataError
 from pipelines.hub import HubUnavailableError
 from pipelines.modeling import ModelError
 from pipelines.outputs import OutputDirError, load_saved_config
+from pipelines.publish import PublishError
 from pipelines.task import Task
 
-USER_ERRORS = (ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError, FileNotFoundError)
+USER_ERRORS = (
+    ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError, PublishError, FileNotFoundError,
+)
 
 TaskLookup = Callable[[str], type[Task]]
 
@@ -64,6 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("run_dir")
     attention.add_argument("sentence")
     attention.add_argument("--out", required=True)
+
+    merge = commands.add_parser("merge", help="fold a peft adapter run into a full model (Auto classes, pipeline())")
+    merge.add_argument("run_dir")
+    merge.add_argument("--out", help="where to write the merged model (default RUN_DIR/merged)")
+
+    publish = commands.add_parser("publish", help="push a finished run (model or adapter + model card) to the Hub")
+    publish.add_argument("run_dir")
+    publish.add_argument("--repo-id", help="OWNER/NAME (default hub.repo_id of the run's config)")
+    visibility = publish.add_mutually_exclusive_group()
+    visibility.add_argument("--private", dest="private", action="store_const", const=True, default=None,
+                            help="create the repo private (default: hub.private of the run's config)")
+    visibility.add_argument("--public", dest="private", action="store_const", const=False, help="create the repo public")
+    publish.add_argument("--revision", help="branch to push to (created when missing)")
+    publish.add_argument("--commit-message")
+    publish.add_argument("--merged", action="store_true", help="publish RUN_DIR/merged (a full model) instead of the adapter")
+    publish.add_argument("--dry-run", action="store_true", help="write the folder that would be uploaded to --out and list it")
+    publish.add_argument("--out", help="with --dry-run: the folder to write")
     return parser
 
 
@@ -95,6 +118,24 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
 
         for path in attention_heatmaps(args.run_dir, args.sentence, args.out):
             print(path)
+    elif args.command == "merge":
+        from pipelines.evaluation import merge_run
+
+        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
+        print(f"wrote the merged model to {merge_run(config, get_task(config.task)(config), args.run_dir, args.out)}")
+    elif args.command == "publish":
+        from pipelines.publish import publish_run
+
+        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
+        result = publish_run(
+            args.run_dir, config, get_task(config.task).pipeline_tag,
+            repo_id=args.repo_id or config.hub.repo_id,
+            private=config.hub.private if args.private is None else args.private,
+            revision=args.revision or config.hub.revision, commit_message=args.commit_message,
+            dry_run=args.dry_run, out=args.out, merged=args.merged,
+        )
+        where = f"would upload to {result['repo_id']} (written to {result['folder']})" if result["dry_run"] else f"uploaded to {result['url']}"
+        print(f"{where}:\n" + "\n".join(f"  {name}" for name in result["files"]))
     return 0
 
 

@@ -34,6 +34,31 @@ class TaskOptions(Section):
     """Settings a task adds under its own section; tasks subclass this."""
 
 
+class PeftConfig(Section):
+    """Parameter-efficient fine-tuning: freeze the base model, train small adapters plus the task head.
+
+    Works for every task: the peft task type comes from the task's ``pipeline_tag`` and the
+    defaults for ``target_modules`` / ``modules_to_save`` from the architecture
+    (:func:`pipelines.modeling.apply_peft`).
+    """
+
+    method: Literal["lora", "ia3"] = "lora"
+    r: int = Field(default=8, gt=0)
+    """LoRA rank."""
+    alpha: float = Field(default=16.0, gt=0)
+    """LoRA scaling numerator: the update is ``(alpha / r) * B @ A``."""
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Dropout on the LoRA input path."""
+    target_modules: list[str] | str | None = None
+    """Module-name suffixes (or one regex) that get adapters; None = the architecture's attention
+    projections (BERT: query, value; T5: q, v; BART/Marian: q_proj, v_proj)."""
+    modules_to_save: list[str] | None = None
+    """Modules trained in full and saved with the adapter; None = the task head (classifier,
+    qa_outputs, the MLM transform; the new cross-attention of a BERT2BERT encoder-decoder)."""
+    merge: bool = False
+    """Also write ``merged/``: the adapter folded into a full model (Auto classes, ``pipeline()``)."""
+
+
 class ModelConfig(Section):
     name_or_path: str | None = None
     """Hub id, mirror id or local folder (a finished bertpipe run works too)."""
@@ -45,7 +70,8 @@ class ModelConfig(Section):
     architecture: dict[str, Any] = Field(default_factory=dict)
     dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
     """Overrides the checkpoint's hidden and attention dropout when set."""
-    peft: dict[str, Any] | None = None
+    peft: PeftConfig | None = None
+    """Parameter-efficient fine-tuning (null = train every parameter)."""
 
 
 class DataConfig(Section):
@@ -126,9 +152,25 @@ class TrainConfig(Section):
 
 
 class HubConfig(Section):
+    """Publishing to the Hugging Face Hub; the token comes from HF_TOKEN or ``hf auth login``, never from here."""
+
     push: bool = False
+    """Push the run directory at the end of training (``bertpipe publish`` does it afterwards)."""
     repo_id: str | None = None
     private: bool = True
+    revision: str | None = None
+    """Branch to push to (created when missing); None = the default branch."""
+    language: str | list[str] | None = None
+    """ISO 639-1 code(s) for the model card, e.g. ``en`` or ``[en, de]``."""
+    license: str | None = None
+    """Hub license id for the model card, e.g. ``apache-2.0``."""
+    tags: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _push_needs_repo(self) -> "HubConfig":
+        if self.push and not self.repo_id:
+            raise ValueError("hub.push needs hub.repo_id (OWNER/NAME)")
+        return self
 
 
 class RunConfig(Section):
@@ -252,7 +294,10 @@ def _valid_keys(schema: type[BaseModel], location: list[str], task_name) -> list
     for part in location:
         field = model.model_fields.get(part)
         annotation = field.annotation if field else None
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        # An optional section (``peft: PeftConfig | None``) lists the keys of its section type.
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        annotation = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if annotation is not None:
             model = annotation
         else:
             return []

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from pipelines.batching import eval_dataloader
 from pipelines.config import RunConfig
+from pipelines.modeling import MERGED_DIR, ModelError, is_adapter_dir, is_peft_model, save_merged_model
 from pipelines.outputs import write_json
 from pipelines.runtime import build_accelerator
 from pipelines.task import Task
@@ -88,9 +89,16 @@ def evaluate(
 
 
 def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str):
+    """The run's tokenizer and model; an adapter run comes back as a PeftModel on its base weights
+    (``pipelines.modeling.load_model`` rebuilds it when the task loads ``model_path``)."""
     accelerator = build_accelerator(config, with_trackers=False)
     task.build_tokenizer(None, model_path=run_dir)
     model = task.build_model(None, model_path=run_dir)
+    if is_adapter_dir(run_dir) and not is_peft_model(model):
+        raise ModelError(
+            f"{run_dir} holds a peft adapter but task {config.task!r} did not load it through "
+            "pipelines.modeling.load_model; its build_model(model_path=...) must use load_model"
+        )
     return accelerator, model
 
 
@@ -127,3 +135,17 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     return len(rows)
+
+
+def merge_run(config: RunConfig, task: Task, run_dir: str, out_dir: str | None = None) -> Path:
+    """Load an adapter run through the task, fold the adapter in, save a full model + tokenizer.
+
+    Writes ``RUN_DIR/merged`` by default; the result loads with Auto classes and ``pipeline()``.
+    """
+    if not is_adapter_dir(run_dir):
+        raise ModelError(f"{run_dir} holds no peft adapter (no adapter_config.json); it is already a full model")
+    tokenizer = task.build_tokenizer(None, model_path=run_dir)
+    model = task.build_model(None, model_path=run_dir)
+    if not is_peft_model(model):
+        raise ModelError(f"task {config.task!r} did not load the adapter of {run_dir} through pipelines.modeling.load_model")
+    return save_merged_model(model, tokenizer, Path(out_dir) if out_dir else Path(run_dir) / MERGED_DIR)

@@ -6,18 +6,27 @@ Out: a fast tokenizer and a ``PreTrainedModel`` with label maps stored in its co
      ``pipeline()`` on the saved run reports label names. A checkpoint whose head was trained for a
      different label set is loaded with ``ignore_mismatched_sizes`` (and a warning saying so); any
      other shape mismatch stays an error.
+
+PEFT: :func:`apply_peft` wraps a task model in a ``PeftModel`` (LoRA or IA3) whose peft task type
+comes from the task's ``pipeline_tag`` and whose adapter targets and fully trained modules default
+per architecture. An adapter run directory (``adapter_config.json`` + ``adapter_model.safetensors``
++ the task model's ``config.json`` with its label maps) loads back through :func:`load_model`:
+base weights from the base id recorded in the adapter config (resolved through the mirror), then
+the adapter through peft.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 import models  # noqa: F401  registers bertpipe's own BERT/Transformer with the Auto classes
-from pipelines.config import ModelConfig
+from pipelines.config import ModelConfig, PeftConfig
 from pipelines.hub import resolve_model
 
 logger = logging.getLogger(__name__)
@@ -72,6 +81,10 @@ def load_model(
         return auto_class.from_config(config)
 
     location = model_path or resolve_model(source)
+    if is_adapter_dir(location):
+        # Evaluating an adapter run keeps the PeftModel; training from one starts from the merged model.
+        adapted = load_adapter_model(auto_class, location, revision=model.revision)
+        return adapted if model_path is not None else adapted.merge_and_unload()
     config = AutoConfig.from_pretrained(location, revision=model.revision)
     checkpoint_labels = list(config.id2label.values())
     mismatched_head = _head_labels_differ(config, label_maps)
@@ -83,9 +96,14 @@ def load_model(
             "%s has a head trained for labels %s; a new head is initialised for labels %s",
             source, checkpoint_labels, list(label_maps["id2label"].values()),
         )
-    return auto_class.from_pretrained(
-        location, config=config, revision=model.revision, ignore_mismatched_sizes=mismatched_head
+    loaded, loading_info = auto_class.from_pretrained(
+        location, config=config, revision=model.revision, ignore_mismatched_sizes=mismatched_head, output_loading_info=True
     )
+    # Weights the checkpoint lacked (a new head, or e.g. a pooler an MLM checkpoint never had) are
+    # random: peft must train and save them, or an adapter would not reload to the same model.
+    initialized = [*loading_info.get("missing_keys", ()), *loading_info.get("mismatched_keys", ())]
+    loaded.bertpipe_initialized_keys = sorted({key[0] if isinstance(key, tuple) else key for key in initialized})
+    return loaded
 
 
 def _head_labels_differ(config: PretrainedConfig, label_maps: dict[str, Any]) -> bool:
@@ -101,3 +119,236 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return trainable, total
+
+
+# ----- PEFT ---------------------------------------------------------------------------------
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+MERGED_DIR = "merged"
+
+# pipeline_tag -> peft TaskType name. fill-mask has no peft task type: a plain PeftModel, with the
+# MLM head kept trainable through modules_to_save.
+PEFT_TASK_TYPES: dict[str, str | None] = {
+    "text-classification": "SEQ_CLS",
+    "token-classification": "TOKEN_CLS",
+    "question-answering": "QUESTION_ANS",
+    "translation": "SEQ_2_SEQ_LM",
+    "summarization": "SEQ_2_SEQ_LM",
+    "text2text-generation": "SEQ_2_SEQ_LM",
+    "text-generation": "CAUSAL_LM",
+    "feature-extraction": "FEATURE_EXTRACTION",
+    "fill-mask": None,
+}
+
+# Attention projections per model_type where peft's own table has no entry.
+_EXTRA_TARGET_MODULES = {
+    "lora": {"marian": ["q_proj", "v_proj"], "mbart": ["q_proj", "v_proj"], "bert-generation": ["query", "value"]},
+    "ia3": {"marian": ["k_proj", "v_proj", "fc2"], "mbart": ["k_proj", "v_proj", "fc2"]},
+}
+
+
+def peft_task_type(pipeline_tag: str):
+    """The peft ``TaskType`` for a task's ``pipeline_tag`` (None for fill-mask)."""
+    from peft import TaskType
+
+    if pipeline_tag not in PEFT_TASK_TYPES:
+        raise ModelError(f"no peft task type for pipeline_tag {pipeline_tag!r}; known: {', '.join(sorted(PEFT_TASK_TYPES))}")
+    name = PEFT_TASK_TYPES[pipeline_tag]
+    return None if name is None else TaskType[name]
+
+
+def _component_types(config: PretrainedConfig) -> list[str]:
+    """model_type of the model, or of both halves of an ``EncoderDecoderModel``."""
+    if config.model_type == "encoder-decoder":
+        return [config.encoder.model_type, config.decoder.model_type]
+    return [config.model_type]
+
+
+def default_target_modules(config: PretrainedConfig, method: str = "lora") -> list[str]:
+    """Module-name suffixes that get adapters: the attention projections of the architecture.
+
+    Suffix matching reaches every copy: for an encoder-decoder, the self-attention on both sides
+    and the decoder's cross-attention (BERT2BERT: ``query``/``value``; BART/Marian: ``q_proj``/
+    ``v_proj`` in ``self_attn`` and ``encoder_attn``; T5: ``q``/``v`` in ``SelfAttention`` and
+    ``EncDecAttention``).
+    """
+    from peft.utils.constants import (
+        TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING,
+        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING,
+    )
+
+    table = {"lora": TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, "ia3": TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING}[method]
+    targets: list[str] = []
+    for model_type in _component_types(config):
+        found = table.get(model_type) or _EXTRA_TARGET_MODULES[method].get(model_type)
+        if found is None:
+            raise ModelError(
+                f"no default peft target modules for model_type {model_type!r}; set model.peft.target_modules "
+                "to the names of its attention projections (e.g. [query, value])"
+            )
+        targets += [name for name in found if name not in targets]
+    return targets
+
+
+def default_feedforward_modules(config: PretrainedConfig) -> list[str]:
+    """IA3 scales the input (not the output) of these: the feed-forward output projections."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING
+
+    found: list[str] = []
+    for model_type in _component_types(config):
+        found += TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.get(model_type, ["fc2"] if model_type in ("marian", "mbart") else [])
+    return list(dict.fromkeys(found))
+
+
+def default_modules_to_save(model: torch.nn.Module) -> list[str]:
+    """The task head: every module outside the base model whose weights the base does not share.
+
+    BERT: ``classifier`` (sequence/token classification), ``qa_outputs`` (QA),
+    ``cls.predictions.transform`` (MLM: the vocabulary projection is tied to the input embeddings,
+    so it stays frozen and tied rather than being copied and untied). A BERT2BERT
+    ``EncoderDecoderModel`` returns ``crossattention``: when warm-started from two encoders its
+    cross-attention is newly initialised, so it is trained in full. Pretrained seq2seq models
+    (T5, BART, Marian) have no new head: nothing. Modules whose weights the checkpoint lacked
+    (recorded by :func:`load_model`, e.g. ``bert.pooler.dense`` under an MLM checkpoint) are added.
+    """
+    if model.config.model_type == "encoder-decoder":
+        has_cross_attention = any(name.endswith(".crossattention") for name, _ in model.named_modules())
+        return ["crossattention"] if has_cross_attention else []
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if base is None or base is model:
+        return []
+    shared = {id(parameter) for parameter in base.parameters()}
+    heads: list[str] = []
+
+    def visit(name: str, module: torch.nn.Module) -> None:
+        parameters = list(module.parameters())
+        if not parameters:
+            return
+        if not any(id(parameter) in shared for parameter in parameters):
+            heads.append(name)
+            return
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}", child)
+
+    for name, child in model.named_children():
+        if child is not base:
+            visit(name, child)
+    # Base weights the checkpoint did not provide (see load_model) are random: train and save them too.
+    for key in getattr(model, "bertpipe_initialized_keys", ()):
+        module_name = key.rsplit(".", 1)[0]
+        if not any(module_name == head or module_name.startswith(head + ".") for head in heads):
+            heads.append(module_name)
+    return heads
+
+
+def base_model_id(model: ModelConfig) -> str | None:
+    """What an adapter records as its base: the Hub id (not a mirror path), or an absolute local folder."""
+    if model.name_or_path is None:
+        return None
+    local = Path(model.name_or_path).expanduser()
+    return str(local.resolve()) if local.exists() else model.name_or_path
+
+
+def build_peft_config(model: PreTrainedModel, peft: PeftConfig, pipeline_tag: str, *, base_model_name_or_path: str | None):
+    """The peft ``LoraConfig``/``IA3Config`` for ``model`` under ``peft`` settings and the task's tag."""
+    from peft import IA3Config, LoraConfig
+
+    task_type = peft_task_type(pipeline_tag)
+    target_modules = peft.target_modules if peft.target_modules is not None else default_target_modules(model.config, peft.method)
+    modules_to_save = peft.modules_to_save if peft.modules_to_save is not None else default_modules_to_save(model)
+    common = {
+        "task_type": task_type,
+        "target_modules": target_modules,
+        # peft's task-type wrappers add their own head names on top (SEQ_CLS/TOKEN_CLS: classifier,
+        # score; QUESTION_ANS: qa_outputs); names a model lacks are ignored.
+        "modules_to_save": list(modules_to_save),
+        "base_model_name_or_path": base_model_name_or_path,
+    }
+    if peft.method == "ia3":
+        feedforward = [name for name in default_feedforward_modules(model.config) if peft.target_modules is None]
+        return IA3Config(feedforward_modules=feedforward, **common)
+    return LoraConfig(r=peft.r, lora_alpha=peft.alpha, lora_dropout=peft.dropout, **common)
+
+
+def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, pipeline_tag: str, *, base_model_name_or_path: str | None = None):
+    """Wrap ``model`` for parameter-efficient training; returns it unchanged when ``peft`` is None.
+
+    Only the adapters and ``modules_to_save`` keep ``requires_grad``; the base weights are frozen.
+    """
+    if peft is None:
+        return model
+    if base_model_name_or_path is None:
+        raise ModelError("model.peft adapts a pretrained model: set model.name_or_path (a Hub id or folder)")
+    from peft import get_peft_model
+
+    config = build_peft_config(model, peft, pipeline_tag, base_model_name_or_path=base_model_name_or_path)
+    try:
+        wrapped = get_peft_model(model, config)
+    except ValueError as error:  # e.g. "Target modules {...} not found in the base model"
+        raise ModelError(f"model.peft: {error}") from error
+    # get_peft_model records the folder the weights came from (a mirror path); the run records the base id.
+    wrapped.peft_config["default"].base_model_name_or_path = base_model_name_or_path
+    return wrapped
+
+
+def is_peft_model(model: Any) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG_FILE).is_file()
+
+
+def adapter_base_model(run_dir: str | Path) -> str:
+    """The base model id an adapter run directory records."""
+    recorded = json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text()).get("base_model_name_or_path")
+    if not recorded:
+        raise ModelError(f"{run_dir}/{ADAPTER_CONFIG_FILE} names no base_model_name_or_path; cannot rebuild the base model")
+    return recorded
+
+
+def load_adapter_model(auto_class: Any, run_dir: str | Path, *, revision: str | None = None, is_trainable: bool = False):
+    """Base weights (resolved through the mirror) under the run's own config, then the adapter.
+
+    The run's ``config.json`` carries the head's label maps; the base checkpoint's config does not.
+    """
+    from peft import PeftModel
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise ModelError(f"{run_dir} holds an adapter but no config.json (the task model's config with its label maps)")
+    config = AutoConfig.from_pretrained(run_dir)
+    base_location = resolve_model(adapter_base_model(run_dir))
+    base_config = AutoConfig.from_pretrained(base_location, revision=revision)
+    wanted = {"id2label": config.id2label} if hasattr(config, "id2label") else {}
+    base = auto_class.from_pretrained(
+        base_location, config=config, revision=revision, ignore_mismatched_sizes=_head_labels_differ(base_config, wanted)
+    )
+    return PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable)
+
+
+def save_adapter_run(model, run_dir: str | Path, *, is_main_process: bool = True) -> None:
+    """Adapter weights + adapter config + the task model's config (label maps, generation config)."""
+    if not is_main_process:
+        return
+    run_dir = Path(run_dir)
+    model.save_pretrained(run_dir)
+    base = model.get_base_model()
+    base.config.save_pretrained(run_dir)
+    if getattr(base, "generation_config", None) is not None and base.can_generate():
+        base.generation_config.save_pretrained(run_dir)
+    # peft writes its own README.md stub; the run's model card replaces it afterwards.
+
+
+def save_merged_model(model, tokenizer, out_dir: str | Path) -> Path:
+    """Fold the adapter into the base weights and save a plain transformers model (+ tokenizer).
+
+    Merges in place: ``model`` must not be trained further afterwards.
+    """
+    out_dir = Path(out_dir)
+    merged = model.merge_and_unload()
+    merged.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    return out_dir

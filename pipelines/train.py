@@ -3,6 +3,9 @@
 In:  a validated :class:`~pipelines.config.RunConfig` and the task object built from it.
 Out: the run directory (model + tokenizer in safetensors, ``config.yaml``, ``log.jsonl``,
      ``training_curves.png``, ``README.md`` card, ``metrics.json`` last) and the final metrics.
+     With ``model.peft`` the model is the adapter (``adapter_config.json`` +
+     ``adapter_model.safetensors`` + the task model's ``config.json``), and ``merged/`` the full
+     model when ``model.peft.merge`` is set. With ``hub.push`` the run is published last.
 
 accelerator -> data (main process first) -> tokenizer/model -> loaders -> optimizer/schedule ->
 prepare -> resume -> for each batch: accumulate, loss, backward, clip, step -> log / evaluate /
@@ -27,7 +30,9 @@ from pipelines.card import write_model_card
 from pipelines.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import RunConfig
 from pipelines.evaluation import evaluate
-from pipelines.modeling import count_parameters
+from pipelines.modeling import (
+    MERGED_DIR, apply_peft, base_model_id, count_parameters, is_peft_model, save_adapter_run, save_merged_model,
+)
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
 from pipelines.runtime import build_accelerator
 from pipelines.task import Task
@@ -75,7 +80,7 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         train_features = task.preprocess(train_examples, train=True)
         eval_features = task.preprocess(eval_examples, train=False)
 
-    model = task.build_model(raw)
+    model = apply_peft(task.build_model(raw), config.model.peft, task.pipeline_tag, base_model_name_or_path=base_model_id(config.model))
     trainable_params, total_params = count_parameters(model)
     eval_batch_size = config.train.eval_batch_size or config.train.batch_size * 2
     train_loader, train_sampler = train_dataloader(
@@ -187,8 +192,7 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
 
     if config.train.load_best_model_at_end and state.best_step is not None and (run_dir / BEST_MODEL_DIR).is_dir():
         accelerator.print(f"loading the best model (step {state.best_step}, {metric_name}={state.best_metric:.4f})")
-        best = type(accelerator.unwrap_model(model)).from_pretrained(run_dir / BEST_MODEL_DIR)
-        accelerator.unwrap_model(model).load_state_dict(best.state_dict())
+        _load_best_model(accelerator.unwrap_model(model), run_dir / BEST_MODEL_DIR)
 
     predictions, final_metrics = run_evaluation()
     log(final_metrics)
@@ -212,12 +216,11 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
 
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
-    unwrapped.save_pretrained(
-        run_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
-        state_dict=accelerator.get_state_dict(model),
-    )
+    _save_model(accelerator, model, run_dir)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(run_dir)
+        if config.model.peft is not None and config.model.peft.merge:
+            save_merged_model(unwrapped, tokenizer, run_dir / MERGED_DIR)
         task.save_artifacts(predictions, eval_examples, str(run_dir))
         shutil.rmtree(run_dir / BEST_MODEL_DIR, ignore_errors=True)
         outputs.plot_training_curves(state.log_history, run_dir / outputs.PLOT_FILE)
@@ -226,7 +229,34 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         step_log.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    if config.hub.push and accelerator.is_main_process:
+        from pipelines.publish import publish_run
+
+        publish_run(run_dir, config, task.pipeline_tag, repo_id=config.hub.repo_id, private=config.hub.private,
+                    revision=config.hub.revision)
     return summary
+
+
+def _save_model(accelerator, model, folder: Path) -> None:
+    """A full model through transformers, or (for a PeftModel) only the adapter and the head."""
+    unwrapped = accelerator.unwrap_model(model)
+    if is_peft_model(unwrapped):
+        save_adapter_run(unwrapped, folder, is_main_process=accelerator.is_main_process)
+        return
+    unwrapped.save_pretrained(
+        folder, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
+        state_dict=accelerator.get_state_dict(model),
+    )
+
+
+def _load_best_model(model, folder: Path) -> None:
+    if is_peft_model(model):
+        from peft import load_peft_weights, set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_peft_weights(str(folder)))
+        return
+    best = type(model).from_pretrained(folder)
+    model.load_state_dict(best.state_dict())
 
 
 def _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir) -> bool:
@@ -238,10 +268,7 @@ def _track_best(accelerator, model, task, metrics, metric_name, greater_is_bette
         state.best_metric, state.best_step = value, state.global_step
         state.evaluations_without_improvement = 0
         if config.train.load_best_model_at_end:
-            accelerator.unwrap_model(model).save_pretrained(
-                run_dir / BEST_MODEL_DIR, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
-                state_dict=accelerator.get_state_dict(model),
-            )
+            _save_model(accelerator, model, run_dir / BEST_MODEL_DIR)
     else:
         state.evaluations_without_improvement += 1
     patience = config.train.early_stopping_patience

@@ -1,0 +1,142 @@
+"""Publishing a finished run to the Hugging Face Hub.
+
+In:  a finished run directory (``metrics.json`` present), its resolved config, the task's pipeline
+     tag, a repo id and the push flags. The token comes from ``HF_TOKEN`` or the user's
+     ``hf auth login`` through huggingface_hub itself: bertpipe never reads, passes or writes it.
+Out: the staged folder -- the publishable files of the run (model or adapter weights and configs,
+     tokenizer, ``metrics.json``, eval results, the resolved ``config.yaml``, training curves) and a
+     ``README.md`` model card rebuilt for the repo id -- uploaded with ``HfApi.create_repo`` +
+     ``upload_folder``, or, with ``dry_run``, written to ``out`` and listed. Checkpoints, optimizer
+     states, ``best_model/``, tracking logs and the step log stay behind. The run directory is only
+     read. No token, no network or a Hub error -> one :class:`PublishError` (the CLI's exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+from urllib.parse import urlparse
+from pathlib import Path
+
+from pipelines.card import build_model_card
+from pipelines.config import RunConfig
+from pipelines.modeling import MERGED_DIR, is_adapter_dir
+from pipelines.outputs import METRICS_FILE
+
+# Top-level files of a run that make up a model repository.
+PUBLISH_PATTERNS = [
+    "*.safetensors", "config.json", "generation_config.json", "adapter_config.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "vocab.txt", "vocab.json", "merges.txt", "*.model", "source.spm", "target.spm",
+    "metrics.json", "eval_*.json", "config.yaml", "training_curves.png", "predictions.json",
+]
+# Never published, even if a pattern above matched (defence in depth).
+IGNORE_PATTERNS = ["checkpoints/*", "best_model/*", f"{MERGED_DIR}/*", "runs/*", "wandb/*", "mlruns/*", "*.tmp",
+                   "*.partial/*", "optimizer*", "scheduler*", "rng_state*", "log.jsonl", "README.md"]
+# From the run directory when publishing merged/ (the weights come from merged/).
+_RUN_FILES_WITH_MERGED = ["metrics.json", "eval_*.json", "config.yaml", "training_curves.png", "predictions.json"]
+
+
+class PublishError(RuntimeError):
+    """A run that cannot be published, or a push that failed; the message says which and why."""
+
+
+def publishable_files(folder: Path, allow: list[str]) -> list[str]:
+    """Top-level file names of ``folder`` matching ``allow`` and none of :data:`IGNORE_PATTERNS`."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    names = sorted(path.name for path in folder.iterdir() if path.is_file())
+    return list(filter_repo_objects(names, allow_patterns=allow, ignore_patterns=IGNORE_PATTERNS))
+
+
+def stage_run(run_dir: str | Path, config: RunConfig, task_tag: str, out_dir: str | Path, *, repo_id: str, merged: bool = False) -> list[str]:
+    """Copy what would be uploaded into ``out_dir`` (plus a card for ``repo_id``); returns the file names."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if not (run_dir / METRICS_FILE).is_file():
+        raise PublishError(f"{run_dir} is not a finished bertpipe run (no {METRICS_FILE}); train it first")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise PublishError(f"--out {out_dir} is not empty; choose a new folder so nothing stale is uploaded")
+    sources: list[tuple[Path, list[str]]]
+    if merged:
+        merged_dir = run_dir / MERGED_DIR
+        if not (merged_dir / "config.json").is_file():
+            raise PublishError(f"{merged_dir} does not exist; run `bertpipe merge {run_dir}` first")
+        sources = [(merged_dir, [p for p in PUBLISH_PATTERNS if p not in _RUN_FILES_WITH_MERGED]), (run_dir, _RUN_FILES_WITH_MERGED)]
+    else:
+        sources = [(run_dir, PUBLISH_PATTERNS)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged: list[str] = []
+    for folder, allow in sources:
+        for name in publishable_files(folder, allow):
+            shutil.copy2(folder / name, out_dir / name)
+            staged.append(name)
+    adapter = is_adapter_dir(run_dir) and not merged
+    card = build_model_card(config, task_tag, json.loads((run_dir / METRICS_FILE).read_text()), model_name=repo_id, adapter=adapter)
+    card.save(out_dir / "README.md")
+    return sorted([*staged, "README.md"])
+
+
+def _endpoint_reachable(timeout_seconds: float = 3.0) -> bool:
+    """One quick TCP connect to the Hub endpoint, so an absent network fails at once instead of
+    in the client's retry loop. Only HF_HUB_OFFLINE counts here (datasets/transformers offline
+    switches say nothing about pushing)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint = urlparse(constants.ENDPOINT)
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_seconds):
+            return True
+    except OSError:
+        return False
+
+
+def _check_can_push() -> None:
+    from huggingface_hub import get_token
+
+    if get_token() is None:
+        raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (the config never holds it)")
+    if not _endpoint_reachable():
+        raise PublishError(
+            "the Hugging Face Hub cannot be reached (no network, HF_HUB_OFFLINE=1, or HF_ENDPOINT is down); "
+            "nothing was uploaded. Retry later with `bertpipe publish`, or use --dry-run --out DIR to inspect the files"
+        )
+
+
+def publish_run(
+    run_dir: str | Path, config: RunConfig, task_tag: str, *, repo_id: str | None, private: bool = True,
+    revision: str | None = None, commit_message: str | None = None, dry_run: bool = False, out: str | Path | None = None,
+    merged: bool = False,
+) -> dict:
+    """Stage and upload (or, with ``dry_run``, only stage into ``out``); returns what was done."""
+    if not repo_id or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise PublishError(f"repo id {repo_id!r} is not of the form OWNER/NAME (set --repo-id or hub.repo_id)")
+    if dry_run:
+        if out is None:
+            raise PublishError("--dry-run needs --out DIR to write the folder that would be uploaded")
+        files = stage_run(run_dir, config, task_tag, out, repo_id=repo_id, merged=merged)
+        return {"repo_id": repo_id, "dry_run": True, "folder": str(out), "files": files}
+
+    _check_can_push()
+    import httpx2
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    message = commit_message or f"Upload {Path(run_dir).resolve().name} trained with bertpipe"
+    with tempfile.TemporaryDirectory(prefix="bertpipe-publish-") as staging:
+        files = stage_run(run_dir, config, task_tag, staging, repo_id=repo_id, merged=merged)
+        try:
+            url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+            if revision:
+                api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+            commit = api.upload_folder(
+                repo_id=repo_id, folder_path=staging, repo_type="model", revision=revision, commit_message=message
+            )
+        except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as error:  # ValueError: card metadata rejected
+            raise PublishError(f"pushing {run_dir} to {repo_id} failed: {type(error).__name__}: {error}") from error
+    return {"repo_id": repo_id, "dry_run": False, "url": str(url), "commit": getattr(commit, "oid", None), "files": files}

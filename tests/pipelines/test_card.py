@@ -1,0 +1,67 @@
+"""Model card: Hub metric ids, the model-index round trip through huggingface_hub's parser, and
+the usage snippet per task and per model kind (full model vs adapter)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from huggingface_hub import ModelCard
+from huggingface_hub.repocard_data import model_index_to_eval_results
+
+from pipelines.card import build_model_card, hub_metric, usage_snippet
+from pipelines.config import load_config
+
+
+def run_config(tmp_path, *overrides):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: ner\noutput_dir: runs/x\ndata: {path: eriktks/conll2003}\nmodel: {name_or_path: bert-base-cased}\n")
+    return load_config(path, list(overrides))
+
+
+def test_card_hub_metric_ids():
+    assert hub_metric("accuracy") == ("accuracy", None)
+    assert hub_metric("f1_macro") == ("f1", "macro")
+    assert hub_metric("precision_weighted") == ("precision", "weighted")
+    assert hub_metric("pearson") == ("pearsonr", None)
+    assert hub_metric("exact") == ("exact_match", None)
+    assert hub_metric("bleu") == ("bleu", None) and hub_metric("perplexity") == ("perplexity", None)
+
+
+def test_card_model_index_round_trips_the_final_metrics(tmp_path):
+    config = run_config(tmp_path, "hub.language=[en, de]", "hub.license=mit")
+    metrics = {"eval_f1": 0.91, "eval_precision": 0.9, "eval_accuracy": 0.98, "eval_loss": 0.12, "eval_samples": 3453,
+               "eval_runtime": 12.5, "eval_overall_f1_micro": 0.5, "eval_bad": math.nan, "train_loss": 0.3}
+    card = build_model_card(config, "token-classification", metrics, model_name="me/ner")
+    card.save(tmp_path / "README.md")
+    loaded = ModelCard.load(tmp_path / "README.md")
+    parsed = {r.metric_name: r.metric_value for r in loaded.data.eval_results}
+    assert parsed == {"f1": 0.91, "precision": 0.9, "accuracy": 0.98, "loss": 0.12, "overall_f1_micro": 0.5}
+    name, results = model_index_to_eval_results(loaded.data.to_dict()["model-index"])
+    assert name == "me/ner" and {r.dataset_type for r in results} == {"eriktks/conll2003"}
+    assert {r.task_type for r in results} == {"token-classification"}
+    assert loaded.data.base_model == "bert-base-cased" and loaded.data.datasets == ["eriktks/conll2003"]
+    assert loaded.data.language == ["en", "de"] and loaded.data.license == "mit" and loaded.data.library_name == "transformers"
+    assert 'pipeline("token-classification", model="me/ner")' in loaded.text
+
+
+def test_card_adapter_card_names_the_base_and_loads_with_peft(tmp_path):
+    config = run_config(tmp_path, "model.peft={method: lora}")
+    card = build_model_card(config, "question-answering", {"eval_exact_match": 70.0, "eval_f1": 80.0}, model_name="me/qa")
+    assert card.data.library_name == "peft" and card.data.base_model == "bert-base-cased"
+    assert "lora" in card.data.tags and "peft" in card.data.tags
+    assert 'AutoModelForQuestionAnswering.from_pretrained("bert-base-cased", config=config)' in card.text
+    assert 'PeftModel.from_pretrained(base, "me/qa")' in card.text
+    assert "peft.r: 8" in card.text
+
+
+@pytest.mark.parametrize("tag, expected", [
+    ("translation", "model.generate(**inputs, max_new_tokens=64"),
+    ("fill-mask", 'pipeline("fill-mask", model="m/x")'),
+    ("question-answering", "outputs.start_logits.argmax()"),
+])
+def test_card_usage_snippet_fits_the_task(tag, expected):
+    snippet = usage_snippet(tag, "m/x", base_model="b", adapter=False)
+    assert expected in snippet
+    compile(snippet, "snippet", "exec")  # it is valid Python
+    compile(usage_snippet(tag, "m/x", base_model="b", adapter=True), "snippet", "exec")

@@ -1,0 +1,268 @@
+"""PEFT for every head type, without the task modules: wrap -> train a step -> save the adapter ->
+reload through ``load_model`` -> merge, on tiny transformers models built here.
+
+Covers the heads the NER, QA, MLM and translation tasks use (token classification, question
+answering, masked LM, a BERT2BERT ``EncoderDecoderModel``) plus sequence classification and IA3.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    BertConfig,
+    EncoderDecoderConfig,
+    EncoderDecoderModel,
+)
+
+from pipelines.config import ConfigError, ModelConfig, PeftConfig, load_config
+from pipelines.modeling import (
+    ModelError,
+    apply_peft,
+    base_model_id,
+    count_parameters,
+    default_modules_to_save,
+    default_target_modules,
+    is_adapter_dir,
+    is_peft_model,
+    load_model,
+    peft_task_type,
+    save_adapter_run,
+    save_merged_model,
+)
+
+VOCAB = 60
+
+
+def bert_config(**extra) -> BertConfig:
+    return BertConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **extra,
+    )
+
+
+def save_base(directory, kind: str):
+    """A tiny pretrained-looking base: a BERT encoder (or a BERT2BERT pair) saved with save_pretrained."""
+    torch.manual_seed(0)
+    if kind == "seq2seq":
+        decoder = bert_config(is_decoder=True, add_cross_attention=True)
+        config = EncoderDecoderConfig.from_encoder_decoder_configs(bert_config(), decoder)
+        config.decoder_start_token_id, config.pad_token_id = 2, 0
+        EncoderDecoderModel(config=config).save_pretrained(directory)
+    else:
+        AutoModelForMaskedLM.from_config(bert_config()).save_pretrained(directory)
+    return directory
+
+
+def batch_for(kind: str) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(5, VOCAB, (4, 10), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 7:] = 0
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if kind == "seq-cls":
+        batch["labels"] = torch.tensor([0, 1, 2, 1])
+    elif kind == "token-cls":
+        batch["labels"] = torch.randint(0, 5, (4, 10), generator=generator)
+    elif kind == "qa":
+        batch["start_positions"], batch["end_positions"] = torch.tensor([1, 2, 3, 4]), torch.tensor([2, 4, 3, 6])
+    elif kind == "mlm":
+        labels = torch.full_like(input_ids, -100)
+        labels[:, 2] = input_ids[:, 2]
+        batch["labels"] = labels
+    elif kind == "seq2seq":
+        batch["labels"] = torch.randint(5, VOCAB, (4, 6), generator=generator)
+    return batch
+
+
+# kind -> (Auto class, pipeline_tag, label maps, expected modules_to_save)
+HEADS = {
+    # The base is saved from an MLM model, which has no pooler: the pooler is random, so it is trained and saved too.
+    "seq-cls": (AutoModelForSequenceClassification, "text-classification", 3, ["classifier", "bert.pooler.dense"]),
+    "token-cls": (AutoModelForTokenClassification, "token-classification", 5, ["classifier"]),
+    "qa": (AutoModelForQuestionAnswering, "question-answering", None, ["qa_outputs"]),
+    "mlm": (AutoModelForMaskedLM, "fill-mask", None, ["cls.predictions.transform"]),
+    "seq2seq": (AutoModelForSeq2SeqLM, "translation", None, ["crossattention"]),
+}
+
+
+def label_maps(count: int | None) -> dict:
+    if count is None:
+        return {}
+    names = [f"L{i}" for i in range(count)]
+    return {"num_labels": count, "id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
+
+
+def outputs_of(model, batch) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        inputs = {key: value for key, value in batch.items() if key not in ("labels", "start_positions", "end_positions")}
+        if "decoder_input_ids" not in inputs and model.config.is_encoder_decoder:
+            inputs["decoder_input_ids"] = batch["labels"]
+        out = model(**inputs)
+    return out.start_logits if hasattr(out, "start_logits") else out.logits
+
+
+def test_modeling_peft_task_type_per_pipeline_tag():
+    from peft import TaskType
+
+    assert peft_task_type("text-classification") == TaskType.SEQ_CLS
+    assert peft_task_type("token-classification") == TaskType.TOKEN_CLS
+    assert peft_task_type("question-answering") == TaskType.QUESTION_ANS
+    assert peft_task_type("translation") == TaskType.SEQ_2_SEQ_LM
+    assert peft_task_type("fill-mask") is None
+    with pytest.raises(ModelError, match="image-classification"):
+        peft_task_type("image-classification")
+
+
+def test_modeling_default_target_modules_per_architecture():
+    assert default_target_modules(bert_config()) == ["query", "value"]
+    assert default_target_modules(AutoConfig.for_model("t5")) == ["q", "v"]
+    assert default_target_modules(AutoConfig.for_model("bart")) == ["q_proj", "v_proj"]
+    assert default_target_modules(AutoConfig.for_model("marian")) == ["q_proj", "v_proj"]
+    bert2bert = EncoderDecoderConfig.from_encoder_decoder_configs(bert_config(), bert_config(is_decoder=True, add_cross_attention=True))
+    assert default_target_modules(bert2bert) == ["query", "value"]
+    assert default_target_modules(bert_config(), "ia3") == ["key", "value", "output.dense"]
+    with pytest.raises(ModelError, match="model.peft.target_modules"):
+        default_target_modules(AutoConfig.for_model("bit"))
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_modeling_default_modules_to_save_is_the_task_head(kind, tmp_path):
+    auto_class, _, labels, expected = HEADS[kind]
+    model = load_model(auto_class, ModelConfig(name_or_path=str(save_base(tmp_path / "base", kind))), label_maps=label_maps(labels))
+    assert default_modules_to_save(model) == expected
+
+
+def test_modeling_mlm_head_keeps_its_decoder_tied_to_the_embeddings(tmp_path):
+    model = load_model(AutoModelForMaskedLM, ModelConfig(name_or_path=str(save_base(tmp_path / "base", "mlm"))))
+    wrapped = apply_peft(model, PeftConfig(), "fill-mask", base_model_name_or_path="base")
+    base = wrapped.get_base_model()
+    assert base.cls.predictions.decoder.weight is base.bert.embeddings.word_embeddings.weight
+    assert not base.cls.predictions.decoder.weight.requires_grad
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_modeling_lora_wrap_train_save_reload_merge(kind, tmp_path):
+    auto_class, tag, labels, head = HEADS[kind]
+    base_dir = save_base(tmp_path / "base", kind)
+    model_config = ModelConfig(name_or_path=str(base_dir), peft=PeftConfig(r=4, alpha=8, dropout=0.0))
+    model = load_model(auto_class, model_config, label_maps=label_maps(labels))
+    frozen_before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+    wrapped = apply_peft(model, model_config.peft, tag, base_model_name_or_path=base_model_id(model_config))
+    trainable_names = [name for name, p in wrapped.named_parameters() if p.requires_grad]
+    assert trainable_names and all("lora_" in name or ".modules_to_save." in name for name in trainable_names), trainable_names
+    assert any(f"{head[0]}.modules_to_save" in name for name in trainable_names)
+    trainable, total = count_parameters(wrapped)
+    assert 0 < trainable < total / 2
+
+    # One optimiser step through peft: the loss comes from the wrapped model's forward.
+    batch = batch_for(kind)
+    optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-2)
+    wrapped.train()
+    for _ in range(2):  # LoRA B starts at zero: the second step moves the adapter's output too
+        loss = wrapped(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert torch.isfinite(loss)
+    lora_b = [p for name, p in wrapped.named_parameters() if "lora_B" in name]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b)
+    base_weights = wrapped.get_base_model().state_dict()
+    for name, before in frozen_before.items():  # every base weight outside the head is untouched
+        key = name.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias")
+        after = base_weights.get(name, base_weights.get(key))
+        if after is not None and not any(h in name for h in head):
+            assert torch.equal(after, before), name
+    expected = outputs_of(wrapped, batch)
+
+    run_dir = tmp_path / "run"
+    save_adapter_run(wrapped, run_dir)
+    saved = sorted(path.name for path in run_dir.iterdir())
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= set(saved)
+    assert "model.safetensors" not in saved
+    adapter_config = json.loads((run_dir / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(base_dir.resolve())
+    assert adapter_config["task_type"] == (None if kind == "mlm" else peft_task_type(tag).value)
+
+    reloaded = load_model(auto_class, ModelConfig(), model_path=str(run_dir))
+    assert is_peft_model(reloaded) and is_adapter_dir(run_dir)
+    if labels:
+        assert reloaded.config.id2label[labels - 1] == f"L{labels - 1}"
+    torch.testing.assert_close(outputs_of(reloaded, batch), expected)
+
+    merged_dir = save_merged_model(reloaded, None, tmp_path / "merged")
+    merged = auto_class.from_pretrained(merged_dir)
+    assert not is_peft_model(merged)
+    assert not any("lora" in name for name in merged.state_dict())
+    torch.testing.assert_close(outputs_of(merged, batch), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_modeling_ia3_trains_scaling_vectors_and_head(tmp_path):
+    base_dir = save_base(tmp_path / "base", "seq-cls")
+    model = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(base_dir)), label_maps=label_maps(3))
+    wrapped = apply_peft(model, PeftConfig(method="ia3"), "text-classification", base_model_name_or_path=str(base_dir))
+    trainable = [name for name, p in wrapped.named_parameters() if p.requires_grad]
+    assert any("ia3_l" in name for name in trainable) and any("classifier.modules_to_save" in name for name in trainable)
+    assert all("ia3_l" in name or "modules_to_save" in name for name in trainable)
+
+
+def test_modeling_adapter_records_hub_id_and_reloads_through_the_mirror(tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    save_base(mirror / "models" / "owner" / "tiny", "token-cls")
+    monkeypatch.setenv("BERTPIPE_MIRROR", str(mirror))
+    model_config = ModelConfig(name_or_path="owner/tiny", peft=PeftConfig())
+    model = load_model(AutoModelForTokenClassification, model_config, label_maps=label_maps(5))
+    wrapped = apply_peft(model, model_config.peft, "token-classification", base_model_name_or_path=base_model_id(model_config))
+    save_adapter_run(wrapped, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "adapter_config.json").read_text())["base_model_name_or_path"] == "owner/tiny"
+    reloaded = load_model(AutoModelForTokenClassification, ModelConfig(), model_path=str(tmp_path / "run"))
+    batch = batch_for("token-cls")
+    torch.testing.assert_close(outputs_of(reloaded, batch), outputs_of(wrapped, batch))
+
+
+def test_modeling_peft_needs_a_pretrained_base():
+    model = AutoModelForSequenceClassification.from_config(bert_config())
+    with pytest.raises(ModelError, match="model.name_or_path"):
+        apply_peft(model, PeftConfig(), "text-classification", base_model_name_or_path=None)
+
+
+def test_modeling_unknown_target_module_is_a_model_error(tmp_path):
+    model = AutoModelForSequenceClassification.from_config(bert_config())
+    with pytest.raises(ModelError, match="model.peft"):
+        apply_peft(model, PeftConfig(target_modules=["q_lin"]), "text-classification", base_model_name_or_path="x")
+
+
+def test_config_peft_section_is_typed_and_suggests_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: classification\noutput_dir: x\ndata: {path: d}\nmodel: {name_or_path: m, peft: {method: lora, r: 4}}\n")
+    config = load_config(path)
+    assert config.model.peft == PeftConfig(r=4) and config.model.peft.alpha == 16 and config.model.peft.merge is False
+    assert load_config(path, ["model.peft=null"]).model.peft is None
+    with pytest.raises(ConfigError, match="model.peft.alhpa.*did you mean 'model.peft.alpha'.*valid here: alpha, dropout"):
+        load_config(path, ["model.peft.alhpa=4"])
+    with pytest.raises(ConfigError, match="model.peft.method"):
+        load_config(path, ["model.peft.method=prefix"])
+    with pytest.raises(ConfigError, match="hub.repo_id"):
+        load_config(path, ["hub.push=true"])
+
+
+def test_config_sst2_lora_yaml_loads_with_a_lora_section():
+    from pathlib import Path
+
+    from tasks import get_task
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "classification" / "sst2_lora.yaml"
+    assert path.read_text().startswith("# Run:  bertpipe train configs/classification/sst2_lora.yaml")
+    config = load_config(path, [], lambda name: get_task(name).Options)
+    assert config.model.peft == PeftConfig(method="lora", r=8, alpha=16, dropout=0.1, merge=False)
+    assert config.train.learning_rate == 1e-3 and config.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2"

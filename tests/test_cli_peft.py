@@ -1,0 +1,208 @@
+"""End to end through the CLI: LoRA classification train -> evaluate -> predict -> merge -> publish.
+
+One LoRA run (with ``model.peft.merge: true``) is shared by the module. ``publish`` pushes to a
+local stand-in for the Hub's HTTP API (tests/pipelines/fake_hub.py, reached through HF_ENDPOINT);
+the token is a unique string that must never reach a written file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import cli_env, run_cli, write_config
+from tests.pipelines.fake_hub import FakeHub
+
+TOKEN = "hf_bertpipe_test_token_5f0c2a9e"
+
+
+def lora_config(tmp_path: Path, tiny_bert: Path, files: dict[str, Path]) -> Path:
+    return write_config(tmp_path / "lora.yaml", f"""# test config
+task: classification
+output_dir: {tmp_path / 'run'}
+seed: 7
+model:
+  name_or_path: {tiny_bert}
+  peft: {{method: lora, r: 8, alpha: 16, dropout: 0.0, merge: true}}
+data:
+  files: {{train: {files['train']}, validation: {files['validation']}}}
+  text_column: sentence
+  label_column: label
+  max_seq_length: 32
+train: {{max_steps: 36, batch_size: 16, learning_rate: 1.0e-2, lr_scheduler: constant, logging_steps: 6, torch_num_threads: 1}}
+hub: {{repo_id: someone/tiny-lora, language: en, license: apache-2.0, tags: [sentiment]}}
+""")
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_bert, sentiment_files) -> Path:
+    tmp_path = tmp_path_factory.mktemp("lora")
+    run_cli("train", str(lora_config(tmp_path, tiny_bert, sentiment_files)), env=cli_env(HF_TOKEN=TOKEN))
+    return tmp_path / "run"
+
+
+def _tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_cli_lora_run_holds_the_adapter_not_the_base_model(lora_run, tiny_bert):
+    names = {p.name for p in lora_run.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "tokenizer.json", "metrics.json", "README.md"} <= names
+    assert "model.safetensors" not in names
+    adapter_config = json.loads((lora_run / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(tiny_bert.resolve())
+    assert adapter_config["peft_type"] == "LORA" and adapter_config["task_type"] == "SEQ_CLS" and adapter_config["r"] == 8
+    assert json.loads((lora_run / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
+
+
+def test_cli_lora_trains_only_adapter_and_head(lora_run, tiny_bert):
+    metrics = json.loads((lora_run / "metrics.json").read_text())
+    adapter = load_file(lora_run / "adapter_model.safetensors")
+    # Counted after wrapping: the adapter file holds exactly the trainable tensors.
+    assert metrics["trainable_params"] == sum(t.numel() for t in adapter.values())
+    assert 0 < metrics["trainable_params"] < 0.2 * metrics["total_params"]
+    assert all("lora_" in key or "classifier" in key or "pooler" in key for key in adapter), sorted(adapter)
+    assert any(t.abs().sum() > 0 for key, t in adapter.items() if "lora_B" in key)  # B starts at zero: it trained
+
+    from transformers import AutoModelForSequenceClassification
+
+    from pipelines.config import ModelConfig
+    from pipelines.modeling import load_model
+
+    base = load_file(tiny_bert / "model.safetensors")
+    reloaded = load_model(AutoModelForSequenceClassification, ModelConfig(), model_path=str(lora_run)).get_base_model().state_dict()
+    compared = 0
+    for key, before in base.items():  # the frozen base, as loaded under the adapter, is the original
+        name = "bert." + key.removeprefix("bert.")
+        if "pooler" in name:
+            continue
+        after = reloaded.get(name.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias"), reloaded.get(name))
+        assert after is not None, name
+        assert torch.equal(after, before), name
+        compared += 1
+    assert compared == len([k for k in base if "pooler" not in k])
+
+
+def test_cli_lora_evaluate_reloads_through_peft(lora_run):
+    result = run_cli("evaluate", str(lora_run))
+    evaluated = json.loads((lora_run / "eval_validation.json").read_text())
+    trained = json.loads((lora_run / "metrics.json").read_text())
+    assert evaluated["eval_accuracy"] == pytest.approx(trained["eval_accuracy"])
+    assert "eval_accuracy" in result.stdout
+
+
+def test_cli_lora_predict_matches_the_merged_model_in_pipeline(lora_run, tmp_path):
+    texts = ["the film was superb", "awful and dull plot", "the scenes were warm and bright", "grim sad story"]
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("\n".join(texts) + "\n")
+    output = tmp_path / "predictions.jsonl"
+    run_cli("predict", str(lora_run), "--input", str(inputs), "--output", str(output))
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+
+    from transformers import pipeline
+
+    classifier = pipeline("text-classification", model=str(lora_run / "merged"), top_k=None)
+    for row, scores in zip(rows, classifier(texts)):
+        merged = {item["label"]: item["score"] for item in scores}
+        assert set(merged) == {"negative", "positive"}
+        for label, score in row["scores"].items():
+            assert merged[label] == pytest.approx(score, abs=1e-4)
+
+
+def test_cli_merge_writes_a_full_model_with_the_adapter_outputs(lora_run, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from pipelines.config import ModelConfig
+    from pipelines.modeling import load_model
+
+    run_cli("merge", str(lora_run), "--out", str(tmp_path / "merged"))
+    assert (tmp_path / "merged" / "model.safetensors").is_file() and (tmp_path / "merged" / "tokenizer.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    batch = tokenizer(["the plot was lovely", "cold dark film"], padding=True, return_tensors="pt")
+    merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
+    adapter = load_model(AutoModelForSequenceClassification, ModelConfig(), model_path=str(lora_run)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**batch).logits, adapter(**batch).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_cli_publish_dry_run_writes_the_upload_folder_and_a_card_that_round_trips(lora_run, tmp_path):
+    from huggingface_hub import ModelCard
+
+    before = _tree_digest(lora_run)
+    out = tmp_path / "upload"
+    result = run_cli("publish", str(lora_run), "--repo-id", "someone/tiny-lora", "--dry-run", "--out", str(out),
+                     env=cli_env(HF_TOKEN=TOKEN))
+    files = sorted(p.name for p in out.iterdir())
+    expected_files = {"README.md", "adapter_config.json", "adapter_model.safetensors", "config.json", "config.yaml",
+                      "metrics.json", "tokenizer.json", "tokenizer_config.json", "training_curves.png"}
+    if (lora_run / "eval_validation.json").exists():  # left by `bertpipe evaluate` when that test ran first
+        expected_files.add("eval_validation.json")
+    assert set(files) == expected_files  # no merged/, log.jsonl, checkpoints
+    assert all(name in result.stdout for name in files)
+    assert _tree_digest(lora_run) == before
+
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "peft" and card.data.pipeline_tag == "text-classification"
+    assert card.data.language == "en" and card.data.license == "apache-2.0" and "sentiment" in card.data.tags
+    assert "PeftModel.from_pretrained" in card.text and 'pipeline("text-classification"' in card.text
+    metrics = json.loads((lora_run / "metrics.json").read_text())
+    expected = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_") and k not in ("eval_samples", "eval_runtime")}
+    assert {r.metric_name: r.metric_value for r in card.data.eval_results} == pytest.approx(expected)
+    types = {r.metric_name: (r.metric_type, r.metric_config) for r in card.data.eval_results}
+    assert types["accuracy"] == ("accuracy", None) and types["f1_macro"] == ("f1", "macro")
+
+    # The token was in the environment of train and publish: no written file may hold it.
+    for folder in (lora_run, out):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                assert TOKEN.encode() not in path.read_bytes(), path
+
+
+def test_cli_publish_pushes_the_folder_to_the_hub_api(lora_run):
+    before = _tree_digest(lora_run)
+    with FakeHub() as hub:
+        env = cli_env(HF_TOKEN=TOKEN, HF_ENDPOINT=hub.endpoint, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
+        result = run_cli("publish", str(lora_run), "--repo-id", "someone/tiny-lora", "--public", "--revision", "exp-1",
+                         "--commit-message", "LoRA r=8", env=env)
+    assert hub.repos["someone/tiny-lora"]["visibility"] == "public"
+    assert "exp-1" in hub.repos["someone/tiny-lora"]["branches"]
+    (commit,) = hub.commits
+    assert commit["repo_id"] == "someone/tiny-lora" and commit["revision"] == "exp-1" and commit["summary"] == "LoRA r=8"
+    assert commit["files"]["adapter_model.safetensors"] == (lora_run / "adapter_model.safetensors").read_bytes()
+    assert not any(name.startswith(("checkpoints", "merged", "best_model")) or name == "log.jsonl" for name in commit["files"])
+    assert b"someone/tiny-lora" in commit["files"]["README.md"]
+    assert all(r["headers"].get("authorization", r["headers"].get("Authorization")) == f"Bearer {TOKEN}"
+               for r in hub.requests if r["method"] == "POST")
+    assert "uploaded to" in result.stdout
+    assert _tree_digest(lora_run) == before
+
+
+def test_cli_publish_without_network_fails_fast_with_one_clear_error(lora_run):
+    before = _tree_digest(lora_run)
+    started = time.perf_counter()
+    env = cli_env(HF_TOKEN=TOKEN, HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_OFFLINE="0")  # nothing listens on port 9
+    result = run_cli("publish", str(lora_run), "--repo-id", "someone/tiny-lora", env=env, check=False)
+    assert result.returncode == 2
+    assert "cannot be reached" in result.stderr and "Traceback" not in result.stderr
+    assert time.perf_counter() - started < 60  # no retry loop (interpreter start-up dominates)
+    assert _tree_digest(lora_run) == before
+
+
+def test_publish_without_token_is_a_publish_error(lora_run, monkeypatch, tmp_path):
+    from pipelines.outputs import load_saved_config
+    from pipelines.config import load_config
+    from pipelines.publish import PublishError, publish_run
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login either
+    config = load_config(None, [], base=load_saved_config(lora_run) | {"classification": {}})
+    with pytest.raises(PublishError, match="HF_TOKEN"):
+        publish_run(lora_run, config, "text-classification", repo_id="someone/tiny-lora")
+    with pytest.raises(PublishError, match="OWNER/NAME"):
+        publish_run(lora_run, config, "text-classification", repo_id="no-owner", dry_run=True, out=tmp_path / "x")
