@@ -116,6 +116,7 @@ class TranslationTask:
         self.model: PreTrainedModel | None = None
         self.output_pad_values = dict(type(self).output_pad_values)
         self.warm_start: bool | None = None
+        self.checkpoint_decoder_start: int | None = None
         self.source_prefix = self.options.source_prefix or ""
         self.lowercase: bool = False
         self.signatures: dict[str, str] = {}
@@ -136,6 +137,7 @@ class TranslationTask:
         if model_path is not None:
             saved = AutoConfig.from_pretrained(model_path)
             self.warm_start = saved.model_type == "encoder-decoder"
+            self.checkpoint_decoder_start = getattr(saved, "decoder_start_token_id", None)
             # The prefix the run was trained with travels in its config (also read by pipeline()).
             self.source_prefix = self.options.source_prefix or getattr(saved, "prefix", None) or ""
         elif self.options.encoder_name_or_path or self.options.decoder_name_or_path:
@@ -145,6 +147,7 @@ class TranslationTask:
         else:
             config = AutoConfig.from_pretrained(resolve_model(self.config.model.name_or_path), revision=self.config.model.revision)
             self.warm_start = not is_seq2seq_config(config)
+            self.checkpoint_decoder_start = getattr(config, "decoder_start_token_id", None)
             if config.model_type == "t5" and not self.source_prefix:
                 self.source_prefix = t5_prefix(self.options.source_lang, self.options.target_lang)
         if not self.warm_start and self.options.tie_encoder_decoder and model_path is None:
@@ -307,7 +310,9 @@ class TranslationTask:
     # ----- features -----------------------------------------------------------------------
     def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
         src, tgt = self.options.source_lang, self.options.target_lang
-        decoder_start = self._special_ids()["decoder_start_token_id"] if self.warm_start else None
+        # A fine-tuned BERT2BERT given as model.name_or_path is a seq2seq checkpoint whose decoder start is
+        # still [CLS]: the rule is the decoder start, not how the run began.
+        decoder_start = self._special_ids()["decoder_start_token_id"] if self.warm_start else self.checkpoint_decoder_start
         return examples.map(
             _tokenize, batched=True, remove_columns=examples.column_names,
             num_proc=self.config.data.preprocessing_num_workers,

@@ -206,6 +206,21 @@ def test_translation_tied_bert2bert_shares_weights_and_survives_reload(tmp_path,
     assert torch.equal(reloaded.encoder.embeddings.word_embeddings.weight, encoder_weight)
 
 
+def test_translation_finetuned_bert2bert_as_checkpoint_keeps_the_label_rule(tmp_path, tiny_bert):
+    first = make_task(tmp_path, tiny_bert)
+    raw = first.load()
+    tokenizer = first.build_tokenizer(raw)
+    first.build_model(raw).save_pretrained(tmp_path / "bert2bert")
+    tokenizer.save_pretrained(tmp_path / "bert2bert")
+    again = make_task(tmp_path, tmp_path / "bert2bert")  # continue training a finished BERT2BERT
+    raw = again.load()
+    again.build_tokenizer(raw)
+    assert again.warm_start is False
+    features = again.preprocess(raw["train"], train=True)
+    assert all(ids[0] != tokenizer.cls_token_id for ids in features["labels"])
+    assert type(again.build_model(raw)).__name__ == "EncoderDecoderModel"
+
+
 def make_untied(tmp_path: Path, tiny_bert: Path):
     folder = tmp_path / "untied"
     folder.mkdir()
