@@ -49,7 +49,7 @@ from pipelines.data import DataError, finalize_splits, load_raw, read_inputs
 from pipelines.hub import resolve_model
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
-from pipelines.modeling import ModelError
+from pipelines.modeling import load_model, ModelError
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +226,8 @@ class TranslationTask:
     def build_model(self, raw, model_path: str | None = None):
         self._plan(model_path)
         if model_path is not None:
-            model = AutoModelForSeq2SeqLM.from_pretrained(model_path)
+            # Through load_model so that a LoRA run (adapter + base id) loads as well as a full model.
+            model = load_model(AutoModelForSeq2SeqLM, self.config.model, model_path=model_path)
             if getattr(model.config, "tie_encoder_decoder", False):
                 tie_encoder_decoder_weights(model)
         elif self.warm_start:
