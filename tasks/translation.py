@@ -150,6 +150,14 @@ class TranslationTask:
             self.checkpoint_decoder_start = getattr(config, "decoder_start_token_id", None)
             if config.model_type == "t5" and not self.source_prefix:
                 self.source_prefix = t5_prefix(self.options.source_lang, self.options.target_lang)
+        if self.warm_start and model_path is None and self.config.model.peft is not None:
+            # The warm start's cross-attention and LM head are new random weights, so no checkpoint
+            # exists that an adapter could name as its base and be reloaded onto.
+            raise ConfigError(
+                "model.peft on a BERT2BERT warm start is not supported: the encoder-decoder it builds exists in no "
+                "checkpoint for the adapter to name as its base. Fine-tune it fully once (or for a few steps) and use "
+                "that run directory as model.name_or_path for LoRA."
+            )
         if not self.warm_start and self.options.tie_encoder_decoder and model_path is None:
             raise ConfigError("translation.tie_encoder_decoder applies to BERT2BERT warm starts, not to a seq2seq checkpoint")
 

@@ -140,3 +140,22 @@ def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, t
     if check and result.returncode != 0:
         raise AssertionError(f"bertpipe {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+def check_lora_run(config: Path, run_dir: Path, metric: str, *overrides: str) -> dict:
+    """Train ``config`` with a LoRA adapter for a few steps, then re-evaluate the adapter run.
+
+    Checks what issue 7 asks of every task: the run holds an adapter (not a full model copy), only a
+    small share of the parameters trained, and ``bertpipe evaluate`` loads it through peft and
+    reproduces the training metrics.
+    """
+    run_cli("train", str(config), f"output_dir={run_dir}", "overwrite=true", "model.peft.method=lora", "model.peft.r=4",
+            "train.max_steps=4", "train.eval_steps=null", *overrides)
+    assert (run_dir / "adapter_config.json").is_file() and (run_dir / "adapter_model.safetensors").is_file()
+    assert not (run_dir / "model.safetensors").exists()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert 0 < metrics["trainable_params"] < 0.5 * metrics["total_params"]
+    run_cli("evaluate", str(run_dir))
+    evaluated = json.loads(next(run_dir.glob("eval_*.json")).read_text())
+    assert evaluated[metric] == pytest.approx(metrics[metric], rel=1e-4, abs=1e-4)
+    return metrics

@@ -155,3 +155,9 @@ def test_cli_mlm_corpus_shorter_than_a_block_fails_clearly(tmp_path):
     result = run_cli("train", str(config), "data.max_seq_length=64", check=False)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "fewer than one block" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_mlm_lora_continued_pretraining_trains_and_reloads(pretrained, corpus, tmp_path):
+    from tests.conftest import check_lora_run
+
+    check_lora_run(pretrain_config(tmp_path, corpus), tmp_path / "lora", "eval_perplexity", f"model.name_or_path={pretrained}")

@@ -152,3 +152,9 @@ def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_pa
     result = run_cli("train", str(ner_setup["config"]), f"output_dir={tmp_path / 'run'}", f"data.files.validation={bad}", check=False)
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{bad}:2" in result.stderr and "'B-ORG'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_ner_lora_adapter_run_trains_and_reloads(ner_setup, tmp_path):
+    from tests.conftest import check_lora_run
+
+    check_lora_run(ner_setup["config"], tmp_path / "lora", "eval_accuracy")

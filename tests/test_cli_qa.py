@@ -157,3 +157,10 @@ def test_cli_qa_bad_answer_names_the_example(tmp_path, qa_model):
     result = run_cli("train", str(qa_config(tmp_path, qa_model, data, v2=False)), check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert qa["id"] in result.stderr and "qa.answer_mismatch=skip" in result.stderr
+
+
+def test_cli_qa_lora_adapter_run_trains_and_reloads(tmp_path, qa_model):
+    from tests.conftest import check_lora_run
+
+    config = qa_config(tmp_path, qa_model, write_data(tmp_path, unanswerable=0.0), v2=False)
+    check_lora_run(config, tmp_path / "lora", "eval_f1")

@@ -117,3 +117,13 @@ def test_cli_translation_empty_target_is_an_error_naming_the_row(tmp_path, tiny_
     result = run_cli("train", str(translation_config(tmp_path, tiny_bert, files)), check=False)
     assert result.returncode == 2
     assert "rows 5" in result.stderr and "empty_lines=skip" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_translation_lora_adapter_run_trains_and_reloads(tmp_path, tiny_bert, copy_files, trained_run):
+    from tests.conftest import check_lora_run
+
+    config = translation_config(tmp_path, tiny_bert, copy_files)
+    refused = run_cli("train", str(config), "model.peft.method=lora", check=False)
+    assert refused.returncode == 2 and "warm start" in refused.stderr
+    # A finished BERT2BERT run is a real seq2seq checkpoint: LoRA on top of it trains and reloads.
+    check_lora_run(config, tmp_path / "lora", "eval_chrf", f"model.name_or_path={trained_run}")
