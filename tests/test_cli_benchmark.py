@@ -1,0 +1,48 @@
+"""`bertpipe benchmark` end to end: bertpipe and both Trainer settings on a tiny BERT, two steps each."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import classification_config, run_cli
+
+
+def test_cli_benchmark_writes_a_table_with_every_column_and_setting(tmp_path, tiny_bert, sentiment_files):
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, eval_steps=1, save_steps=1)
+    out = tmp_path / "bench"
+    result = run_cli("benchmark", str(config), "train.max_steps=2", "--seeds", "1", "--output-dir", str(out))
+
+    table = (out / "benchmark.md").read_text()
+    assert table in result.stdout
+    for column in ["setting", "precision", "sampler", "samples/s", "tokens/s", "train s", "wall s", "peak RSS MB",
+                   "accuracy", "% of matmul peak"]:
+        assert f"| {column} |" in table, column
+    for setting in ["bertpipe", "trainer_default", "trainer_best"]:
+        assert f"| {setting} |" in table
+
+    results = json.loads((out / "benchmark.json").read_text())
+    rows = results["rows"]
+    assert rows["trainer_default"]["sampler"] == "random" and rows["trainer_best"]["sampler"] == "length-grouped"
+    assert {row["precision"] for row in rows.values()} <= {"fp32", "bf16"}
+    assert set(results["ratios"]) == {"trainer_default", "trainer_best"}
+    assert results["peak"]["fp32"] > 0 and results["non_embedding_params"] > 0
+    for run in results["runs"]:
+        # Two updates of 8 examples each, on every side; the eval split is scored by the task itself.
+        assert run["train_samples"] == 16, run
+        assert 16 * 3 <= run["train_tokens"] <= 16 * 32
+        assert run["peak_rss_mb"] > 50 and run["wall_time"] >= run["train_runtime"] > 0
+        assert 0.0 <= run["metrics"]["accuracy"] <= 1.0 and "matthews_correlation" in run["metrics"]
+    # Intermediate evaluation and checkpoints are switched off for every setting: same job everywhere.
+    assert not list((out / "runs" / "bertpipe-seed7").glob("checkpoints*"))
+    log = (out / "runs" / "bertpipe-seed7" / "log.jsonl").read_text().splitlines()
+    assert sum("eval_accuracy" in line for line in log) == 1
+
+
+def test_cli_benchmark_unknown_setting_is_a_clear_error(tmp_path, tiny_bert, sentiment_files, capsys):
+    from pipelines.cli import main
+    from tasks import get_task
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files)
+    assert main(["benchmark", str(config), "--settings", "bertpipe,trainer_turbo"], get_task=get_task) == 2
+    error = capsys.readouterr().err
+    assert "trainer_turbo" in error and "trainer_best" in error and "Traceback" not in error
