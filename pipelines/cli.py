@@ -65,12 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     benchmark = commands.add_parser(
         "benchmark", help="time the same job through bertpipe and the transformers Trainer (default and best settings)"
     )
-    benchmark.add_argument("config", help="YAML task config")
+    benchmark.add_argument("config", help="YAML task config (with --predict: a finished run directory)")
     benchmark.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. data.max_train_samples=8000")
-    benchmark.add_argument("--seeds", type=int, default=3, help="runs per setting, seeds config.seed, config.seed+1, ... (default 3)")
+    benchmark.add_argument("--seeds", type=int, default=3, help="runs per setting, seeds config.seed, config.seed+1, ... (default 3; with --predict: repeats)")
     benchmark.add_argument("--settings", default="bertpipe,trainer_default,trainer_best", help="comma-separated subset of the settings")
     benchmark.add_argument("--output-dir", help="where benchmark.md/.json and the runs go (default: OUTPUT_DIR-benchmark)")
     benchmark.add_argument("--metric", help="metric column (default: train.metric_for_best_model, else the task's first metric)")
+    benchmark.add_argument(
+        "--predict", metavar="INPUT", help="instead: time `bertpipe predict` against pipeline('text-classification') on INPUT"
+    )
 
     attention = commands.add_parser("attention", help="PNG heatmaps of attention weights per layer and head")
     attention.add_argument("run_dir")
@@ -97,6 +100,14 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output)
         print(f"wrote {count} predictions to {args.output}")
+    elif args.command == "benchmark" and args.predict:
+        from pipelines.benchmark import run_predict_benchmark
+
+        result = run_predict_benchmark(
+            args.config, args.predict, get_task, output_dir=args.output_dir, repeats=args.seeds, overrides=args.overrides
+        )
+        print(result["table"])
+        print(f"wrote {result['output_dir']}/predict_benchmark.md and predict_benchmark.json")
     elif args.command == "benchmark":
         from pipelines.benchmark import parse_settings, run_benchmark
 

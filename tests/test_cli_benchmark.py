@@ -46,3 +46,24 @@ def test_cli_benchmark_unknown_setting_is_a_clear_error(tmp_path, tiny_bert, sen
     assert main(["benchmark", str(config), "--settings", "bertpipe,trainer_turbo"], get_task=get_task) == 2
     error = capsys.readouterr().err
     assert "trainer_turbo" in error and "trainer_best" in error and "Traceback" not in error
+
+
+def test_cli_benchmark_predict_mode_agrees_with_pipeline(tmp_path, tiny_bert, sentiment_files):
+    from pipelines.benchmark import run_predict_benchmark
+    from tasks import get_task
+    from tests.conftest import sentiment_rows
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=12)
+    run_cli("train", str(config))
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("".join(row["sentence"] + "\n" for row in sentiment_rows(40, seed=3)))
+
+    result = run_predict_benchmark(str(tmp_path / "run"), str(inputs), get_task, output_dir=str(tmp_path / "pb"), in_child=False, log=lambda _: None)
+    # Length-sorted batches (bertpipe) and file-order batches (pipeline) pad differently: same labels, scores to float noise.
+    assert result["agreement"]["identical_labels"], result["agreement"]
+    assert result["agreement"]["max_score_difference"] < 1e-4
+    assert {row["inputs"] for row in result["rows"].values()} == {40}
+    table = (tmp_path / "pb" / "predict_benchmark.md").read_text()
+    assert "| bertpipe_predict | 40 |" in table and "| pipeline | 40 |" in table and "Labels identical: True" in table
+    written = (tmp_path / "pb" / "pipeline.jsonl").read_text().splitlines()
+    assert len(written) == 40 and json.loads(written[0])["text"] == inputs.read_text().splitlines()[0]

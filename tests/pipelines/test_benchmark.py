@@ -13,6 +13,7 @@ from pipelines.benchmark import (
     BenchmarkError,
     MatmulPeak,
     benchmark_config_tree,
+    compare_predictions,
     format_table,
     matmul_flops,
     non_embedding_parameters,
@@ -155,3 +156,14 @@ def test_benchmark_table_has_every_column_and_ratio():
     header_line = next(line for line in table.splitlines() if line.startswith("| setting"))
     assert [cell.strip() for cell in header_line.strip("|").split("|")] == [c.format(metric="accuracy") for c in COLUMNS]
     assert "| trainer_best | 1.20x | 1.20x |" in table and "1.0/2.0/3.0 at start" in table
+
+
+def test_benchmark_compare_predictions_names_differing_rows():
+    reference = {"setting": "a", "inputs": 3, "labels": ["x", "y", "x"], "scores": [0.9, 0.8, 0.7]}
+    other = {"setting": "b", "inputs": 3, "labels": ["x", "x", "x"], "scores": [0.9, 0.8, 0.75]}
+    agreement = compare_predictions(reference, other)
+    assert not agreement["identical_labels"] and agreement["differing_rows"] == [1]
+    assert agreement["max_score_difference"] == pytest.approx(0.05)
+    assert compare_predictions(reference, reference)["identical_labels"]
+    with pytest.raises(BenchmarkError, match="3 inputs"):
+        compare_predictions(reference, {**other, "inputs": 2, "labels": ["x"] * 2, "scores": [0.1] * 2})
