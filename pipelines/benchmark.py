@@ -266,9 +266,12 @@ def _run_bertpipe(config: RunConfig, task) -> dict[str, Any]:
 
 def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     """The docs recipe; every task-specific step is the task's own method, as in bertpipe."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments, set_seed
 
     data = config.data
+    # Seeded before the model is built, as the docs' run_glue.py does and as bertpipe's train() does:
+    # otherwise the new head's initialisation is unseeded and a run cannot be repeated.
+    set_seed(config.seed)
     raw = task.load()
     tokenizer = task.build_tokenizer(raw)
     train_features = task.preprocess(raw[data.train_split], train=True)
