@@ -95,10 +95,10 @@ def loader_options(num_workers: int) -> dict:
     """DataLoader settings that only pay off in some places.
 
     Pinned memory speeds up host-to-GPU copies and is a wasted extra copy when the model is on the
-    CPU. Workers are kept alive across epochs when there are any (re-forking them every epoch
-    re-imports nothing useful); the default stays 0 because features are tokenised ahead of time and
-    padding a batch takes well under a millisecond, so a worker would only compete with the
-    intra-op threads for the same cores.
+    CPU. Workers, when there are any, live across epochs instead of being started again for each
+    one; the default stays 0 because features are tokenised ahead of time and padding a batch takes
+    well under a millisecond, so a worker would only compete with the intra-op threads for the
+    same cores.
     """
     return {"num_workers": num_workers, "pin_memory": torch.cuda.is_available(), "persistent_workers": num_workers > 0}
 
