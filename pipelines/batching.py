@@ -96,9 +96,9 @@ def loader_options(num_workers: int) -> dict:
 
     Pinned memory speeds up host-to-GPU copies and is a wasted extra copy when the model is on the
     CPU. Workers, when there are any, live across epochs instead of being started again for each
-    one; the default stays 0 because features are tokenised ahead of time and padding a batch takes
-    well under a millisecond, so a worker would only compete with the intra-op threads for the
-    same cores.
+    one; the default stays 0 because features are tokenised ahead of time and padding a batch is
+    cheap (~2 ms for 32 SST-2 sentences, against ~0.5 s for a MiniLM training step on 2 CPU cores),
+    so a worker would only compete with the intra-op threads for the same cores.
     """
     return {"num_workers": num_workers, "pin_memory": torch.cuda.is_available(), "persistent_workers": num_workers > 0}
 
