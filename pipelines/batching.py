@@ -91,12 +91,24 @@ class SortedBatchSampler(Sampler[list[int]]):
         return iter(self._batches)
 
 
+def loader_options(num_workers: int) -> dict:
+    """DataLoader settings that only pay off in some places.
+
+    Pinned memory speeds up host-to-GPU copies and is a wasted extra copy when the model is on the
+    CPU. Workers, when there are any, live across epochs instead of being started again for each
+    one; the default stays 0 because features are tokenised ahead of time and padding a batch is
+    cheap (~2 ms for 32 SST-2 sentences, against ~0.5 s for a MiniLM training step on 2 CPU cores),
+    so a worker would only compete with the intra-op threads for the same cores.
+    """
+    return {"num_workers": num_workers, "pin_memory": torch.cuda.is_available(), "persistent_workers": num_workers > 0}
+
+
 def train_dataloader(
     features: Dataset, collator: Callable, batch_size: int, *, seed: int, group_by_length: bool, num_workers: int = 0
 ) -> tuple[DataLoader, ShuffledBatchSampler]:
     sampler = ShuffledBatchSampler(feature_lengths(features), batch_size, seed=seed, group_by_length=group_by_length)
     loader = DataLoader(
-        features, batch_sampler=sampler, collate_fn=collator, num_workers=num_workers,
+        features, batch_sampler=sampler, collate_fn=collator, **loader_options(num_workers),
         # Its own generator keeps worker seeding off the global RNG that dropout draws from.
         generator=torch.Generator().manual_seed(seed),
     )
@@ -106,7 +118,7 @@ def train_dataloader(
 def eval_dataloader(features: Dataset, collator: Callable, batch_size: int, *, num_workers: int = 0) -> tuple[DataLoader, SortedBatchSampler]:
     sampler = SortedBatchSampler(feature_lengths(features), batch_size)
     loader = DataLoader(
-        features, batch_sampler=sampler, collate_fn=collator, num_workers=num_workers,
+        features, batch_sampler=sampler, collate_fn=collator, **loader_options(num_workers),
         generator=torch.Generator().manual_seed(0),
     )
     return loader, sampler

@@ -4,7 +4,8 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY
      ``bertpipe predict RUN_DIR --input FILE --output FILE [KEY=VALUE ...]``,
      ``bertpipe merge RUN_DIR [--out DIR]`` (adapter -> full model),
      ``bertpipe publish RUN_DIR --repo-id OWNER/NAME [--private|--public] [--revision BRANCH]
-     [--commit-message MSG] [--merged] [--dry-run --out DIR]`` and the tool commands.
+     [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
+     ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]`` and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
      (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
 
@@ -20,6 +21,7 @@ import logging
 import sys
 from typing import Callable, Sequence
 
+from pipelines.benchmark import BenchmarkError
 from pipelines.checkpoint import CheckpointError
 from pipelines.config import ConfigError, RunConfig, load_config
 from pipelines.data import DataError
@@ -30,7 +32,8 @@ from pipelines.publish import PublishError
 from pipelines.task import Task
 
 USER_ERRORS = (
-    ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError, PublishError, FileNotFoundError,
+    BenchmarkError, ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError,
+    PublishError, FileNotFoundError,
 )
 
 TaskLookup = Callable[[str], type[Task]]
@@ -65,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("source")
     convert.add_argument("destination")
     convert.add_argument("--reverse", action="store_true", help="convert a bertpipe_bert checkpoint back to transformers BERT")
+
+    benchmark = commands.add_parser(
+        "benchmark", help="time the same job through bertpipe and the transformers Trainer (default and best settings)"
+    )
+    benchmark.add_argument("config", help="YAML task config (with --predict: a finished run directory)")
+    benchmark.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. data.max_train_samples=8000")
+    benchmark.add_argument("--seeds", type=int, default=3, help="runs per setting, seeds config.seed, config.seed+1, ... (default 3; with --predict: repeats)")
+    benchmark.add_argument("--settings", default="bertpipe,trainer_default,trainer_best", help="comma-separated subset of the settings")
+    benchmark.add_argument("--output-dir", help="where benchmark.md/.json and the runs go (default: OUTPUT_DIR-benchmark)")
+    benchmark.add_argument("--metric", help="metric column (default: train.metric_for_best_model, else the task's first metric)")
+    benchmark.add_argument(
+        "--predict", metavar="INPUT", help="instead: time `bertpipe predict` against pipeline('text-classification') on INPUT"
+    )
 
     attention = commands.add_parser("attention", help="PNG heatmaps of attention weights per layer and head")
     attention.add_argument("run_dir")
@@ -108,6 +124,24 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output)
         print(f"wrote {count} predictions to {args.output}")
+    elif args.command == "benchmark" and args.predict:
+        from pipelines.benchmark import run_predict_benchmark
+
+        result = run_predict_benchmark(
+            args.config, args.predict, get_task, output_dir=args.output_dir, repeats=args.seeds, overrides=args.overrides
+        )
+        print(result["table"])
+        print(f"wrote {result['output_dir']}/predict_benchmark.md and predict_benchmark.json")
+    elif args.command == "benchmark":
+        from pipelines.benchmark import parse_settings, run_benchmark
+
+        config = load_run_config(get_task, args.config, args.overrides)
+        result = run_benchmark(
+            config, get_task, config_label=" ".join([args.config, *args.overrides]), seeds=args.seeds,
+            settings=parse_settings(args.settings), output_dir=args.output_dir, metric=args.metric,
+        )
+        print(result["table"])
+        print(f"wrote {result['output_dir']}/benchmark.md and benchmark.json")
     elif args.command == "convert-bert":
         from models.convert import convert_bert
 

@@ -141,6 +141,11 @@ class TrainConfig(Section):
     )
     dataloader_num_workers: int = Field(default=0, ge=0)
     torch_num_threads: int | None = Field(default=None, gt=0)
+    """Intra-op threads; unset keeps torch's default (one per physical core; Accelerate divides
+    them among the processes of a multi-process CPU run)."""
+    compile: bool = False
+    """``torch.compile`` the model's forward (inductor). Pays a compile at start and at each new
+    shape family; worth it only for long runs."""
 
     @model_validator(mode="after")
     def _best_model_needs_metric(self) -> "TrainConfig":

@@ -82,6 +82,11 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
 
     model = apply_peft(task.build_model(raw), config.model.peft, task.pipeline_tag, base_model_name_or_path=base_model_id(config.model))
     trainable_params, total_params = count_parameters(model)
+    if config.train.compile:
+        # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,
+        # saving and best-model reloading work unchanged. Shapes vary per batch: after the first
+        # recompile torch marks them dynamic instead of compiling every new length.
+        model.compile()
     eval_batch_size = config.train.eval_batch_size or config.train.batch_size * 2
     train_loader, train_sampler = train_dataloader(
         train_features, task.collator(train=True), config.train.batch_size,
@@ -132,7 +137,9 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         return predictions, metrics
 
     progress = tqdm(total=plan.total_updates, initial=state.global_step, desc="train", disable=not accelerator.is_local_main_process)
-    samples_seen = tokens_seen = 0
+    samples_seen = 0
+    # A tensor, not an int: int(mask.sum()) every step would force a device sync on accelerators.
+    tokens_seen = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     interval_loss = torch.zeros((), device=accelerator.device)
     interval_batches = 0
     stop_early = False
@@ -160,7 +167,7 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
             interval_batches += 1
             state.batches_in_epoch += 1
             samples_seen += batch["input_ids"].shape[0]
-            tokens_seen += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            tokens_seen += batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
             if not accelerator.sync_gradients:
                 continue
 
@@ -197,15 +204,17 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     predictions, final_metrics = run_evaluation()
     log(final_metrics)
     total_samples = accelerator.reduce(torch.tensor(samples_seen, device=accelerator.device), reduction="sum").item()
-    total_tokens = accelerator.reduce(torch.tensor(tokens_seen, device=accelerator.device), reduction="sum").item()
+    total_tokens = accelerator.reduce(tokens_seen, reduction="sum").item()
     summary = {
         **final_metrics,
         "num_processes": accelerator.num_processes,
+        "mixed_precision": accelerator.mixed_precision,
         "global_step": state.global_step,
         "epoch": round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
         "train_loss": state.train_loss_sum / max(state.train_loss_count, 1),
         "train_runtime": round(train_runtime, 3),
         "train_samples": total_samples,
+        "train_tokens": total_tokens,
         "train_samples_per_second": round(total_samples / train_runtime, 3) if train_runtime else 0.0,
         "train_tokens_per_second": round(total_tokens / train_runtime, 3) if train_runtime else 0.0,
         "trainable_params": trainable_params,

@@ -1,0 +1,169 @@
+"""Units of pipelines/benchmark.py: the job the Trainer reference is given, counting, the table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.benchmark import (
+    COLUMNS,
+    BenchmarkError,
+    MatmulPeak,
+    benchmark_config_tree,
+    compare_predictions,
+    format_table,
+    matmul_flops,
+    non_embedding_parameters,
+    parse_settings,
+    run_config,
+    summarize,
+    trainer_arguments,
+    TrainingCounter,
+    trainer_predictions,
+    warmup_updates,
+)
+from pipelines.config import TaskOptions, load_config
+
+
+def make_config(tmp_path, **train):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a", "label": 0}\n')
+    overrides = [f"train.{key}={value}" for key, value in train.items()]
+    base = {"task": "classification", "output_dir": str(tmp_path / "run"), "seed": 5,
+            "data": {"files": {"train": str(data), "validation": str(data)}}}
+    return load_config(None, overrides, lambda name: TaskOptions, base=base)
+
+
+def test_benchmark_trainer_arguments_describe_the_same_job(tmp_path):
+    from transformers import TrainingArguments
+
+    config = make_config(tmp_path, num_epochs=2, batch_size=16, learning_rate=3e-5, weight_decay=0.05,
+                         lr_scheduler="linear", warmup_fraction=0.1, max_grad_norm=0.5)
+    warmup = warmup_updates(config, num_train_features=100)
+    assert warmup == math.ceil(0.1 * 2 * 7)  # 7 batches of 16 per epoch, 2 epochs
+    default = TrainingArguments(**trainer_arguments(config, "trainer_default", str(tmp_path / "d"), warmup_steps=warmup, bf16=False))
+    best = TrainingArguments(**trainer_arguments(config, "trainer_best", str(tmp_path / "b"), warmup_steps=warmup, bf16=False))
+    for args in (default, best):
+        assert (args.num_train_epochs, args.max_steps, args.per_device_train_batch_size) == (2, -1, 16)
+        assert (args.learning_rate, args.weight_decay, args.max_grad_norm, args.seed) == (3e-5, 0.05, 0.5, 5)
+        assert args.lr_scheduler_type == "linear" and args.warmup_steps == warmup
+        assert args.per_device_eval_batch_size == 32 and args.report_to == []
+        assert args.optim == "adamw_torch_fused"  # the default on torch >= 2.8: the fused AdamW bertpipe uses
+    assert default.train_sampling_strategy == "random" and best.train_sampling_strategy == "group_by_length"
+    assert not default.bf16
+
+
+def test_benchmark_constant_schedule_keeps_its_warmup_in_the_trainer(tmp_path):
+    config = make_config(tmp_path, lr_scheduler="constant", warmup_steps=3, max_steps=10)
+    arguments = trainer_arguments(config, "trainer_default", str(tmp_path), warmup_steps=warmup_updates(config, 40), bf16=False)
+    assert arguments["lr_scheduler_type"] == "constant_with_warmup"
+    assert (arguments["warmup_steps"], arguments["max_steps"]) == (3, 10)
+
+
+def test_benchmark_config_drops_intermediate_evaluation_and_checkpoints(tmp_path):
+    config = make_config(tmp_path, eval_steps=5, save_steps=5, metric_for_best_model="eval_accuracy",
+                         load_best_model_at_end=True, early_stopping_patience=2)
+    tree = benchmark_config_tree(config)
+    rebuilt = run_config(tree, lambda name: type("T", (), {"Options": TaskOptions}), seed=9, output_dir=str(tmp_path / "x: y"))
+    assert rebuilt.train.eval_steps is None and rebuilt.train.save_steps is None
+    assert not rebuilt.train.load_best_model_at_end and rebuilt.train.early_stopping_patience is None
+    assert (rebuilt.seed, rebuilt.output_dir, rebuilt.overwrite) == (9, str(tmp_path / "x: y"), True)
+    assert rebuilt.train.metric_for_best_model == "eval_accuracy"  # still names the table's metric
+
+
+def test_benchmark_training_counter_counts_trained_samples_and_non_padding_tokens():
+    class Model(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None):
+            return input_ids
+
+    model = Model()
+    counter = TrainingCounter(model)
+    model(input_ids=torch.ones(2, 3), attention_mask=torch.tensor([[1, 1, 1], [1, 0, 0]]))
+    model(torch.ones(1, 5))  # positional, no mask: every token counts
+    model.eval()
+    model(input_ids=torch.ones(4, 4), attention_mask=torch.ones(4, 4))  # evaluation is not training
+    assert counter.remove() == (3, 9)
+    model.train()
+    model(input_ids=torch.ones(2, 2))  # removed: no longer counted
+    assert (counter.samples, int(counter.tokens)) == (3, 9)
+
+
+def test_benchmark_trainer_predictions_are_named_like_predict_step():
+    logits = np.zeros((4, 2))
+    assert trainer_predictions(logits, ["logits"], ["logits"])["logits"] is logits
+    start, end = np.ones((4, 9)), np.zeros((4, 9))
+    named = trainer_predictions((start, end), ["start_logits", "end_logits"], ["end_logits", "start_logits"])
+    assert named["start_logits"] is start and named["end_logits"] is end
+    with pytest.raises(BenchmarkError, match="generated"):
+        trainer_predictions(logits, ["logits"], ["generated"])
+
+
+def test_benchmark_non_embedding_parameters_leave_out_embedding_tables():
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 4))
+    assert non_embedding_parameters(model) == 8 * 4 + 4
+
+
+def test_benchmark_parse_settings_rejects_unknown_names():
+    assert parse_settings("trainer_best, bertpipe,bertpipe") == ["trainer_best", "bertpipe"]
+    with pytest.raises(BenchmarkError, match="trainer_fast"):
+        parse_settings("bertpipe,trainer_fast")
+
+
+def test_benchmark_matmul_flops_is_a_positive_rate():
+    assert matmul_flops(torch.float32, budget_seconds=0.05, start_size=64, max_size=128) > 0
+
+
+def run(setting, seed, samples, tokens, runtime, accuracy, precision="fp32"):
+    return {"setting": setting, "seed": seed, "precision": precision, "sampler": "random", "train_samples": samples,
+            "train_tokens": tokens, "train_runtime": runtime, "wall_time": runtime + 10, "peak_rss_mb": 500.0,
+            "metrics": {"accuracy": accuracy, "f1": 0.5}}
+
+
+def test_benchmark_summarize_gives_spread_share_of_peak_and_ratios():
+    runs = [run("bertpipe", 1, 100, 1000, 10.0, 0.90), run("bertpipe", 2, 100, 1000, 5.0, 0.92),
+            run("trainer_default", 1, 100, 1500, 20.0, 0.91), run("trainer_default", 2, 100, 1500, 20.0, 0.89)]
+    summary = summarize(runs, metric="accuracy", non_embedding_params=1_000, peak=MatmulPeak(fp32=6e6, bf16=1e6))
+    ours = summary["rows"]["bertpipe"]
+    assert ours["samples_per_second"] == {"mean": 15.0, "min": 10.0, "max": 20.0}
+    assert ours["metric"]["mean"] == pytest.approx(0.91) and ours["metric"]["max"] == 0.92
+    # 6 * 1000 params * 1000 tokens / 10 s = 6e5 FLOP/s = 10% of a 6e6 FLOP/s peak (20% in 5 s).
+    assert ours["share_of_peak"]["min"] == pytest.approx(0.1) and ours["share_of_peak"]["max"] == pytest.approx(0.2)
+    ratio = summary["ratios"]["trainer_default"]
+    assert ratio["samples_per_second"] == pytest.approx(15.0 / 5.0)
+    assert ratio["tokens_per_second"] == pytest.approx(150.0 / 75.0)
+    assert ratio["wall_time"] == pytest.approx(17.5 / 30.0)
+    assert ratio["metric_difference"] == pytest.approx(0.01)
+    with pytest.raises(BenchmarkError, match="entity_f1"):
+        summarize(runs, metric="entity_f1", non_embedding_params=1, peak=MatmulPeak(1.0, 1.0))
+
+
+def test_benchmark_share_of_peak_uses_the_peak_of_the_rows_precision():
+    runs = [run("trainer_best", 1, 10, 1000, 1.0, 0.5, precision="bf16")]
+    summary = summarize(runs, metric="accuracy", non_embedding_params=1, peak=MatmulPeak(fp32=6e6, bf16=6e3))
+    assert summary["rows"]["trainer_best"]["share_of_peak"]["mean"] == pytest.approx(1.0)
+
+
+def test_benchmark_table_has_every_column_and_ratio():
+    runs = [run("bertpipe", 1, 100, 1000, 10.0, 0.9), run("trainer_best", 1, 100, 1000, 12.0, 0.9)]
+    summary = summarize(runs, metric="accuracy", non_embedding_params=1_000, peak=MatmulPeak(fp32=1e9, bf16=1e8))
+    header = {"config": "c.yaml", "seeds": 1, "seed_values": [1], "train_examples": 100, "eval_examples": 10,
+              "non_embedding_params": 1000, "peak": {"fp32": 1e9, "bf16": 1e8}, "native_bf16": False,
+              "load_average": {"start": [1.0, 2.0, 3.0], "end": [1.5, 2.0, 3.0]}}
+    table = format_table(summary, header)
+    header_line = next(line for line in table.splitlines() if line.startswith("| setting"))
+    assert [cell.strip() for cell in header_line.strip("|").split("|")] == [c.format(metric="accuracy") for c in COLUMNS]
+    assert "| trainer_best | 1.20x | 1.20x |" in table and "1.0/2.0/3.0 at start" in table
+
+
+def test_benchmark_compare_predictions_names_differing_rows():
+    reference = {"setting": "a", "inputs": 3, "labels": ["x", "y", "x"], "scores": [0.9, 0.8, 0.7]}
+    other = {"setting": "b", "inputs": 3, "labels": ["x", "x", "x"], "scores": [0.9, 0.8, 0.75]}
+    agreement = compare_predictions(reference, other)
+    assert not agreement["identical_labels"] and agreement["differing_rows"] == [1]
+    assert agreement["max_score_difference"] == pytest.approx(0.05)
+    assert compare_predictions(reference, reference)["identical_labels"]
+    with pytest.raises(BenchmarkError, match="3 inputs"):
+        compare_predictions(reference, {**other, "inputs": 2, "labels": ["x"] * 2, "scores": [0.1] * 2})

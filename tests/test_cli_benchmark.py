@@ -1,0 +1,85 @@
+"""`bertpipe benchmark` end to end: bertpipe and both Trainer settings on a tiny BERT, two steps each;
+then `--predict` on the bertpipe run it trained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import classification_config, run_cli, sentiment_rows
+
+
+@pytest.fixture(scope="module")
+def benchmark(tmp_path_factory, tiny_bert, sentiment_files) -> tuple[Path, str]:
+    tmp_path = tmp_path_factory.mktemp("bench")
+    # eval/save steps in the config: the benchmark must switch them off for every setting.
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, eval_steps=1, save_steps=1)
+    out = tmp_path / "bench"
+    result = run_cli("benchmark", str(config), "train.max_steps=2", "--seeds", "1", "--output-dir", str(out))
+    return out, result.stdout
+
+
+def test_cli_benchmark_writes_a_table_with_every_column_and_setting(benchmark):
+    out, stdout = benchmark
+    table = (out / "benchmark.md").read_text()
+    assert table in stdout
+    for column in ["setting", "precision", "sampler", "samples/s", "tokens/s", "train s", "wall s", "peak RSS MB",
+                   "accuracy", "% of matmul peak"]:
+        assert f"| {column} |" in table, column
+    for setting in ["bertpipe", "trainer_default", "trainer_best"]:
+        assert f"| {setting} |" in table
+
+    results = json.loads((out / "benchmark.json").read_text())
+    rows = results["rows"]
+    assert rows["trainer_default"]["sampler"] == "random" and rows["trainer_best"]["sampler"] == "length-grouped"
+    assert rows["trainer_default"]["precision"] == "fp32" and rows["trainer_best"]["precision"] in {"fp32", "bf16"}
+    assert set(results["ratios"]) == {"trainer_default", "trainer_best"}
+    assert results["peak"]["fp32"] > 0 and results["non_embedding_params"] > 0
+    for run in results["runs"]:
+        # Two updates of 8 examples each, on every side; the eval split is scored by the task itself.
+        assert run["train_samples"] == 16, run
+        assert 16 * 3 <= run["train_tokens"] <= 16 * 32
+        assert run["peak_rss_mb"] > 50 and run["wall_time"] >= run["train_runtime"] > 0
+        assert 0.0 <= run["metrics"]["accuracy"] <= 1.0 and "matthews_correlation" in run["metrics"]
+
+
+def test_cli_benchmark_bertpipe_run_is_the_same_job_without_intermediate_evaluation(benchmark):
+    out, _ = benchmark
+    run_dir = out / "runs" / "bertpipe-seed7"
+    assert not (run_dir / "checkpoints").exists()
+    log = (run_dir / "log.jsonl").read_text().splitlines()
+    assert sum("eval_accuracy" in line for line in log) == 1
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    precision = json.loads((out / "benchmark.json").read_text())["rows"]["bertpipe"]["precision"]
+    assert metrics["global_step"] == 2 and {"no": "fp32"}.get(metrics["mixed_precision"], metrics["mixed_precision"]) == precision
+
+
+def test_cli_benchmark_predict_mode_agrees_with_pipeline(benchmark, tmp_path):
+    from pipelines.benchmark import run_predict_benchmark
+    from tasks import get_task
+
+    out, _ = benchmark
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("".join(row["sentence"] + "\n" for row in sentiment_rows(40, seed=3)))
+    result = run_predict_benchmark(str(out / "runs" / "bertpipe-seed7"), str(inputs), get_task, output_dir=str(tmp_path / "pb"),
+                                   in_child=False, log=lambda _: None)
+    # Length-sorted batches (bertpipe) and file-order batches (pipeline) pad differently: same labels, scores to float noise.
+    assert result["agreement"]["identical_labels"], result["agreement"]
+    assert result["agreement"]["max_score_difference"] < 1e-4
+    assert {row["inputs"] for row in result["rows"].values()} == {40}
+    table = (tmp_path / "pb" / "predict_benchmark.md").read_text()
+    assert "| bertpipe_predict | 40 |" in table and "| pipeline | 40 |" in table and "Labels identical: True" in table
+    written = (tmp_path / "pb" / "pipeline.jsonl").read_text().splitlines()
+    assert len(written) == 40 and json.loads(written[0])["text"] == inputs.read_text().splitlines()[0]
+
+
+def test_cli_benchmark_unknown_setting_is_a_clear_error(tmp_path, tiny_bert, sentiment_files, capsys):
+    from pipelines.cli import main
+    from tasks import get_task
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files)
+    assert main(["benchmark", str(config), "--settings", "bertpipe,trainer_turbo"], get_task=get_task) == 2
+    error = capsys.readouterr().err
+    assert "trainer_turbo" in error and "trainer_best" in error and "Traceback" not in error

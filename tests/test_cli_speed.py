@@ -1,0 +1,60 @@
+"""The loop's speed levers keep its semantics: forced bf16 trains (fp32 on this CPU: every other CLI
+test, and tests/test_cli_benchmark.py checks the recorded precision), tokens are counted exactly
+(accumulated as a tensor), attention runs through SDPA, CPU loaders pin nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from pipelines.batching import ShuffledBatchSampler, loader_options
+from tests.conftest import classification_config, run_cli
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory, tiny_bert, sentiment_files):
+    tmp_path = tmp_path_factory.mktemp("speed")
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="bf16", max_steps=STEPS,
+                                   mixed_precision="bf16", lr_scheduler="linear", warmup_steps=1)
+    run_cli("train", str(config))
+    return json.loads((tmp_path / "bf16" / "metrics.json").read_text())
+
+
+def test_cli_speed_forced_bf16_trains(bf16_run):
+    assert bf16_run["mixed_precision"] == "bf16"
+    assert bf16_run["global_step"] == STEPS and bf16_run["train_samples"] == STEPS * 8
+    assert math.isfinite(bf16_run["train_loss"]) and 0.0 <= bf16_run["eval_accuracy"] <= 1.0
+
+
+def test_cli_speed_counts_exactly_the_non_padding_tokens_of_the_batches_seen(bf16_run, tiny_bert, sentiment_files):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    sentences = [json.loads(line)["sentence"] for line in sentiment_files["train"].read_text().splitlines()]
+    lengths = [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=32)["input_ids"]]
+    # The run's sampler: seed 7 (classification_config), epoch 0, length-grouped (the default).
+    batches = list(ShuffledBatchSampler(lengths, 8, seed=7, group_by_length=True))[:STEPS]
+    expected = sum(lengths[index] for batch in batches for index in batch)
+    assert bf16_run["train_tokens"] == expected
+    assert bf16_run["train_tokens_per_second"] == pytest.approx(expected / bf16_run["train_runtime"], rel=1e-2)
+
+
+def test_cli_speed_bert_attention_runs_through_sdpa(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    from pipelines.config import ModelConfig
+    from pipelines.modeling import load_model
+
+    model = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tiny_bert)),
+                       label_maps={"num_labels": 2, "id2label": {0: "a", 1: "b"}, "label2id": {"a": 0, "b": 1}})
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_cli_speed_loaders_pin_memory_only_for_a_gpu():
+    assert loader_options(0) == {"num_workers": 0, "pin_memory": torch.cuda.is_available(), "persistent_workers": False}
+    assert loader_options(2)["persistent_workers"] is True
