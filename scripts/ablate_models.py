@@ -1,0 +1,95 @@
+"""Ablation of bertpipe's own BERT on masked-LM pretraining (issue 8): same budget, one change at a time.
+
+In:  the from-scratch MLM config (configs/pretrain/wikitext2_mlm.yaml by default), a step budget and
+     an output folder; BERTPIPE_MIRROR is not needed (WikiText-2 is a local file under ../shared).
+Out: OUT/ablation.md (a table of validation perplexity, masked-token accuracy and train tokens/s per
+     variant) and OUT/ablation.png (the same as bars), plus each run's directory under OUT/runs/.
+
+Variants: the baseline (dot score, LayerNorm, learned positions, post-norm) and, one at a time,
+bilinear and additive scores, BatchNorm, sinusoidal positions and pre-norm. Runs go one after another,
+each in its own process, so their tokens/s are comparable on an otherwise idle machine.
+
+    python scripts/ablate_models.py --max-steps 40 --out docs/ablation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+VARIANTS: dict[str, dict[str, str]] = {
+    "baseline (dot, LayerNorm, learned, post-norm)": {},
+    "bilinear score": {"attention_score": "bilinear"},
+    "additive score": {"attention_score": "additive"},
+    "BatchNorm": {"norm": "batch"},
+    "sinusoidal positions": {"position_embedding": "sinusoidal"},
+    "pre-norm": {"norm_placement": "pre"},
+}
+
+
+def run_variant(config: str, name: str, changes: dict[str, str], out: Path, args: argparse.Namespace) -> dict:
+    run_dir = out / "runs" / name.split(" (")[0].replace(" ", "_")
+    overrides = [
+        "model.model_type=bertpipe_bert", f"output_dir={run_dir}", "overwrite=true", f"seed={args.seed}",
+        f"train.max_steps={args.max_steps}", f"train.batch_size={args.batch_size}", "train.eval_steps=null",
+        f"train.warmup_steps={max(1, args.max_steps // 10)}",
+        *(f"model.architecture.{key}={value}" for key, value in changes.items()),
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "train", config, *overrides], cwd=REPO_ROOT, check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.DEVNULL,
+    )
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return {"variant": name, **{k: metrics[k] for k in ("eval_perplexity", "eval_accuracy", "train_tokens_per_second")}}
+
+
+def write_report(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [
+        f"Budget: {args.max_steps} updates × {args.batch_size} packed blocks of 128 tokens, seed {args.seed}, "
+        f"config `{args.config}` with `model.model_type=bertpipe_bert`.",
+        "",
+        "| variant | validation perplexity | masked-token accuracy | train tokens/s |",
+        "| --- | --- | --- | --- |",
+        *(f"| {r['variant']} | {r['eval_perplexity']:.1f} | {r['eval_accuracy']:.3f} | {r['train_tokens_per_second']:.0f} |" for r in rows),
+    ]
+    (out / "ablation.md").write_text("\n".join(lines) + "\n")
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    names = [r["variant"].split(" (")[0] for r in rows]
+    left.barh(names, [r["eval_perplexity"] for r in rows])
+    left.set(title="validation perplexity (lower is better)")
+    right.barh(names, [r["train_tokens_per_second"] for r in rows], color="tab:orange")
+    right.set(title="train tokens/s")
+    figure.tight_layout()
+    figure.savefig(out / "ablation.png", dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/pretrain/wikitext2_mlm.yaml")
+    parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "ablation")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, changes in VARIANTS.items():
+        rows.append(run_variant(args.config, name, changes, args.out, args))
+        print(json.dumps(rows[-1]), flush=True)
+    write_report(rows, args.out, args)
+    print((args.out / "ablation.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
