@@ -126,7 +126,7 @@ def benchmark_config_tree(config: RunConfig) -> dict[str, Any]:
     """
     tree = config.to_yaml_dict()
     tree["train"].update(
-        eval_steps=None, save_steps=None, early_stopping_patience=None, load_best_model_at_end=False,
+        eval_steps=None, eval_on_start=False, save_steps=None, early_stopping_patience=None, load_best_model_at_end=False,
         report_to=[], resume_from_checkpoint=None,
     )
     tree["overwrite"] = True
@@ -264,6 +264,50 @@ def _run_bertpipe(config: RunConfig, task) -> dict[str, Any]:
     }
 
 
+def predict_in_dataset_order(trainer, features):
+    """``trainer.predict`` with one prediction per feature, in the features' order.
+
+    Under ``train_sampling_strategy="group_by_length"`` transformers 5's Trainer also length-groups
+    the *evaluation* batches (``_get_eval_sampler``: a LengthGroupedSampler with shuffled megabatches),
+    so predictions would come back in another order than the examples they are scored against.
+    """
+    strategy = trainer.args.train_sampling_strategy
+    trainer.args.train_sampling_strategy = "random"
+    try:
+        return trainer.predict(features)
+    finally:
+        trainer.args.train_sampling_strategy = strategy
+
+
+def _trainer_model_outputs(trainer, task, eval_features) -> dict[str, np.ndarray]:
+    """What the task's ``predict_step`` returns, for every eval feature in order, from the Trainer's model.
+
+    ``Trainer.predict`` (the docs recipe) when those are the model's forward outputs (classification
+    logits, QA start/end logits). A task that reduces them inside ``predict_step`` (NER's per-token
+    argmax and its probability, translation's ``generate``) is predicted through bertpipe's own
+    evaluation code on the Trainer-trained model, so both sides are still scored by the same code.
+    """
+    output_names, wanted = _model_output_names(task, trainer.model, eval_features)
+    if set(wanted) <= set(output_names):
+        predicted = predict_in_dataset_order(trainer, eval_features)
+        return trainer_predictions(predicted.predictions, output_names, wanted)
+    from torch.utils.data import DataLoader
+
+    from pipelines.evaluation import concat_padded
+
+    # A plain loop, not run_predictions: the Trainer's Accelerator still holds its training loader's
+    # end-of-data state, which gather_for_metrics would use to truncate these batches.
+    loader = DataLoader(eval_features, batch_size=trainer.args.per_device_eval_batch_size, collate_fn=task.collator(train=False))
+    collected: dict[str, list[np.ndarray]] = {}
+    trainer.model.eval()
+    with torch.no_grad():
+        for batch in loader:
+            batch = {key: value.to(trainer.model.device) for key, value in batch.items()}
+            for key, tensor in task.predict_step(trainer.model, batch).items():
+                collected.setdefault(key, []).append(tensor.float().cpu().numpy() if tensor.is_floating_point() else tensor.cpu().numpy())
+    return {key: concat_padded(chunks, task.output_pad_values.get(key, -100)) for key, chunks in collected.items()}
+
+
 def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     """The docs recipe; every task-specific step is the task's own method, as in bertpipe."""
     from transformers import Trainer, TrainingArguments, set_seed
@@ -290,9 +334,7 @@ def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     result = trainer.train()
     samples, tokens = counter.remove()
     trainer.data_collator = task.collator(train=False)
-    predicted = trainer.predict(eval_features)
-    output_names, wanted = _model_output_names(task, trainer.model, eval_features)
-    outputs = trainer_predictions(predicted.predictions, output_names, wanted)
+    outputs = _trainer_model_outputs(trainer, task, eval_features)
     predictions = task.postprocess(outputs, eval_features, raw[data.eval_split])
     metrics = {name: float(value) for name, value in task.compute_metrics(predictions, raw[data.eval_split]).items()}
     trainer.save_model()

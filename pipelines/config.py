@@ -126,6 +126,9 @@ class TrainConfig(Section):
     logging_steps: int = Field(default=10, gt=0)
     eval_steps: int | None = Field(default=None, gt=0)
     """Evaluate every N optimizer updates (and always at the end)."""
+    eval_on_start: bool = False
+    """Also evaluate the untrained model before the first update (logged at step 0): where the
+    curve starts, e.g. the perplexity of a fresh MLM head. Never counts as a best model."""
     save_steps: int | None = Field(default=None, gt=0)
     """Checkpoint every N optimizer updates; unset means no intermediate checkpoints."""
     save_total_limit: int | None = Field(default=2, gt=0)

@@ -12,7 +12,8 @@ comes from the task's ``pipeline_tag`` and whose adapter targets and fully train
 per architecture. An adapter run directory (``adapter_config.json`` + ``adapter_model.safetensors``
 + the task model's ``config.json`` with its label maps) loads back through :func:`load_model`:
 base weights from the base id recorded in the adapter config (resolved through the mirror), then
-the adapter through peft.
+the adapter through peft; :func:`enable_adapter_runs_in_pipeline` lets ``pipeline()`` load it the
+same way.
 """
 
 from __future__ import annotations
@@ -326,6 +327,59 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, revision: str | 
         base_location, config=config, revision=revision, ignore_mismatched_sizes=_head_labels_differ(base_config, wanted)
     )
     return PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable)
+
+
+def is_adapter_only_dir(path: Any) -> bool:
+    """A local adapter run directory: adapter + task config, but no full weights of its own.
+
+    transformers' ``from_pretrained`` reads a folder holding both ``config.json`` and
+    ``adapter_config.json`` as a full model with an embedded adapter and looks for its weights there.
+    """
+    if not isinstance(path, (str, Path)) or not Path(path).is_dir():
+        return False
+    folder = Path(path)
+    has_full_weights = any(folder.glob("model*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    return is_adapter_dir(folder) and (folder / "config.json").is_file() and not has_full_weights
+
+
+def _adapter_run_loader(auto_classes: tuple[type, ...]) -> type:
+    """A model class for ``PIPELINE_REGISTRY`` that loads adapter run directories through peft.
+
+    ``pipeline()`` tries its model classes in order and moves on when one raises ``OSError``/``ValueError``,
+    so anything that is not an adapter-only run directory is left to the task's own Auto classes.
+    """
+
+    class AdapterRunLoader:
+        bertpipe_adapter_loader = True
+
+        @classmethod
+        def from_pretrained(cls, path: Any, *args: Any, revision: str | None = None, **kwargs: Any):
+            if not is_adapter_only_dir(path):
+                raise OSError(f"{path} is not an adapter-only run directory")
+            failures = []
+            for auto_class in auto_classes:
+                try:
+                    return load_adapter_model(auto_class, path, revision=revision).eval()
+                except ValueError as error:  # the Auto class does not map this config type
+                    failures.append(f"{auto_class.__name__}: {error}")
+            raise ValueError(f"no model class of this pipeline task loads the adapter run {path}: {'; '.join(failures)}")
+
+    return AdapterRunLoader
+
+
+def enable_adapter_runs_in_pipeline(pipeline_task: str) -> None:
+    """Let ``pipeline(pipeline_task, model=RUN_DIR)`` load an adapter-only run directory (idempotent).
+
+    Without this, transformers 5 looks for full weights in the run directory (it holds ``config.json``
+    with the task's label maps, which the base model's config lacks) and fails.
+    """
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    entry = PIPELINE_REGISTRY.supported_tasks[pipeline_task]
+    model_classes = tuple(entry.get("pt", ()))
+    if any(getattr(model_class, "bertpipe_adapter_loader", False) for model_class in model_classes):
+        return
+    entry["pt"] = (_adapter_run_loader(model_classes),) + model_classes
 
 
 def save_adapter_run(model, run_dir: str | Path, *, is_main_process: bool = True) -> None:

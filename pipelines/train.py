@@ -143,6 +143,8 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     interval_loss = torch.zeros((), device=accelerator.device)
     interval_batches = 0
     stop_early = False
+    if config.train.eval_on_start and state.global_step == 0:
+        log(run_evaluation()[1])
     train_started = time.perf_counter()
     model.train()
     while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not stop_early:

@@ -1,10 +1,13 @@
 """The task registry: ``task:`` in a YAML config -> the class that implements it.
 
 Adding a task means one module in this package, one line here, its configs and its tests.
+Importing this package also lets ``pipeline(TASK, model=RUN_DIR)`` load LoRA/IA3 adapter run
+directories through peft, for every registered task's pipeline.
 """
 
 from __future__ import annotations
 
+from pipelines.modeling import enable_adapter_runs_in_pipeline
 from pipelines.task import Task
 from tasks.classification import ClassificationTask
 from tasks.mlm import MlmTask
@@ -19,6 +22,9 @@ TASKS: dict[str, type[Task]] = {
     "qa": QATask,
     "translation": TranslationTask,
 }
+
+for _task in TASKS.values():
+    enable_adapter_runs_in_pipeline(_task.pipeline_tag)
 
 
 def get_task(name: str) -> type[Task]:

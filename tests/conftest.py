@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,12 +143,13 @@ def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, t
     return result
 
 
-def check_lora_run(config: Path, run_dir: Path, metric: str, *overrides: str) -> dict:
+def check_lora_run(config: Path, run_dir: Path, metric: str, *overrides: str, pipeline_input: Any = None) -> dict:
     """Train ``config`` with a LoRA adapter for a few steps, then re-evaluate the adapter run.
 
     Checks what issue 7 asks of every task: the run holds an adapter (not a full model copy), only a
-    small share of the parameters trained, and ``bertpipe evaluate`` loads it through peft and
-    reproduces the training metrics.
+    small share of the parameters trained, ``bertpipe evaluate`` loads it through peft and
+    reproduces the training metrics, and ``pipeline(TASK, model=RUN_DIR)`` loads it through peft and
+    answers ``pipeline_input``.
     """
     run_cli("train", str(config), f"output_dir={run_dir}", "overwrite=true", "model.peft.method=lora", "model.peft.r=4",
             "train.max_steps=4", "train.eval_steps=null", *overrides)
@@ -158,4 +160,15 @@ def check_lora_run(config: Path, run_dir: Path, metric: str, *overrides: str) ->
     run_cli("evaluate", str(run_dir))
     evaluated = json.loads(next(run_dir.glob("eval_*.json")).read_text())
     assert evaluated[metric] == pytest.approx(metrics[metric], rel=1e-4, abs=1e-4)
+    if pipeline_input is not None:
+        from peft import PeftModel
+        from transformers import pipeline
+
+        from pipelines.outputs import load_saved_config
+        from tasks import get_task
+
+        saved = load_saved_config(run_dir)
+        served = pipeline(get_task(saved["task"]).pipeline_tag, model=str(run_dir))
+        assert isinstance(served.model, PeftModel)
+        assert served(pipeline_input)
     return metrics

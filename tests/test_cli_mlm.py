@@ -47,13 +47,17 @@ train:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
+    return corpus_file(tmp_path_factory.mktemp("corpus"))
+
+
+def corpus_file(folder: Path) -> Path:
     """Paragraphs of filler and sentiment sentences, with WikiText-style headings and blank lines."""
     sentences = corpus_sentences(500, seed=3) + [row["sentence"] for row in sentiment_rows(500, seed=4)]
     np.random.default_rng(0).shuffle(sentences)
     parts = []
     for index in range(0, len(sentences), 25):
         parts.append(f" = Part {index // 25} = \n\n" + "\n".join(sentences[index:index + 25]) + "\n")
-    path = tmp_path_factory.mktemp("corpus") / "corpus.tokens"
+    path = folder / "corpus.tokens"
     path.write_text("\n".join(parts))
     return path
 
@@ -61,7 +65,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, corpus) -> Path:
     tmp_path = tmp_path_factory.mktemp("mlm")
-    run_cli("train", str(pretrain_config(tmp_path, corpus)))
+    run_cli("train", str(pretrain_config(tmp_path, corpus)), "train.eval_on_start=true")
     return tmp_path / "run"
 
 
@@ -95,7 +99,9 @@ def test_cli_mlm_pretraining_lowers_validation_perplexity(pretrained):
     assert start > 50  # an untrained model is close to uniform over the ~160-token vocabulary
     assert metrics["eval_perplexity"] < 0.5 * start, (start, metrics["eval_perplexity"])
     log = [json.loads(line) for line in (pretrained / "log.jsonl").read_text().splitlines()]
-    assert any("eval_perplexity" in record for record in log[:-1])  # an intermediate evaluation too
+    # train.eval_on_start: the curve starts at the untrained model (another random init than `start`'s).
+    assert log[0]["step"] == 0 and log[0]["eval_perplexity"] == pytest.approx(start, rel=0.1)
+    assert any("eval_perplexity" in record for record in log[1:-1])  # an intermediate evaluation too
 
 
 def test_cli_mlm_evaluate_reproduces_the_final_evaluation(pretrained):
@@ -160,4 +166,5 @@ def test_cli_mlm_corpus_shorter_than_a_block_fails_clearly(tmp_path):
 def test_cli_mlm_lora_continued_pretraining_trains_and_reloads(pretrained, corpus, tmp_path):
     from tests.conftest import check_lora_run
 
-    check_lora_run(pretrain_config(tmp_path, corpus), tmp_path / "lora", "eval_perplexity", f"model.name_or_path={pretrained}")
+    check_lora_run(pretrain_config(tmp_path, corpus), tmp_path / "lora", "eval_perplexity", f"model.name_or_path={pretrained}",
+                   pipeline_input="the film was [MASK] and lovely")

@@ -157,4 +157,4 @@ def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_pa
 def test_cli_ner_lora_adapter_run_trains_and_reloads(ner_setup, tmp_path):
     from tests.conftest import check_lora_run
 
-    check_lora_run(ner_setup["config"], tmp_path / "lora", "eval_accuracy")
+    check_lora_run(ner_setup["config"], tmp_path / "lora", "eval_accuracy", pipeline_input="alice lives in paris")

@@ -97,7 +97,7 @@ def test_cli_lora_evaluate_reloads_through_peft(lora_run):
     assert "eval_accuracy" in result.stdout
 
 
-def test_cli_lora_predict_matches_the_merged_model_in_pipeline(lora_run, tmp_path):
+def test_cli_lora_predict_matches_pipeline_on_the_adapter_run_and_on_the_merged_model(lora_run, tmp_path):
     texts = ["the film was superb", "awful and dull plot", "the scenes were warm and bright", "grim sad story"]
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("\n".join(texts) + "\n")
@@ -105,14 +105,20 @@ def test_cli_lora_predict_matches_the_merged_model_in_pipeline(lora_run, tmp_pat
     run_cli("predict", str(lora_run), "--input", str(inputs), "--output", str(output))
     rows = [json.loads(line) for line in output.read_text().splitlines()]
 
+    from peft import PeftModel
     from transformers import pipeline
 
-    classifier = pipeline("text-classification", model=str(lora_run / "merged"), top_k=None)
-    for row, scores in zip(rows, classifier(texts)):
-        merged = {item["label"]: item["score"] for item in scores}
-        assert set(merged) == {"negative", "positive"}
-        for label, score in row["scores"].items():
-            assert merged[label] == pytest.approx(score, abs=1e-4)
+    import tasks  # noqa: F401  lets pipeline() load adapter run directories
+
+    on_adapter = pipeline("text-classification", model=str(lora_run), top_k=None)
+    assert isinstance(on_adapter.model, PeftModel)
+    on_merged = pipeline("text-classification", model=str(lora_run / "merged"), top_k=None)
+    for row, adapter_scores, merged_scores in zip(rows, on_adapter(texts), on_merged(texts)):
+        for scores in (adapter_scores, merged_scores):
+            by_label = {item["label"]: item["score"] for item in scores}
+            assert set(by_label) == {"negative", "positive"}
+            for label, score in row["scores"].items():
+                assert by_label[label] == pytest.approx(score, abs=1e-4)
 
 
 def test_cli_merge_writes_a_full_model_with_the_adapter_outputs(lora_run, tmp_path):

@@ -163,4 +163,4 @@ def test_cli_qa_lora_adapter_run_trains_and_reloads(tmp_path, qa_model):
     from tests.conftest import check_lora_run
 
     config = qa_config(tmp_path, qa_model, write_data(tmp_path, unanswerable=0.0), v2=False)
-    check_lora_run(config, tmp_path / "lora", "eval_f1")
+    check_lora_run(config, tmp_path / "lora", "eval_f1", pipeline_input={"question": "who met bob?", "context": "alice met bob in paris."})

@@ -126,4 +126,4 @@ def test_cli_translation_lora_adapter_run_trains_and_reloads(tmp_path, tiny_bert
     refused = run_cli("train", str(config), "model.peft.method=lora", check=False)
     assert refused.returncode == 2 and "warm start" in refused.stderr
     # A finished BERT2BERT run is a real seq2seq checkpoint: LoRA on top of it trains and reloads.
-    check_lora_run(config, tmp_path / "lora", "eval_chrf", f"model.name_or_path={trained_run}")
+    check_lora_run(config, tmp_path / "lora", "eval_chrf", f"model.name_or_path={trained_run}", pipeline_input="a b c")

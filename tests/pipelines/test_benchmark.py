@@ -18,6 +18,7 @@ from pipelines.benchmark import (
     matmul_flops,
     non_embedding_parameters,
     parse_settings,
+    predict_in_dataset_order,
     run_config,
     summarize,
     trainer_arguments,
@@ -167,3 +168,29 @@ def test_benchmark_compare_predictions_names_differing_rows():
     assert compare_predictions(reference, reference)["identical_labels"]
     with pytest.raises(BenchmarkError, match="3 inputs"):
         compare_predictions(reference, {**other, "inputs": 2, "labels": ["x"] * 2, "scores": [0.1] * 2})
+
+
+def test_benchmark_trainer_predictions_come_back_in_dataset_order_under_length_grouping(tmp_path):
+    """The Trainer length-groups evaluation batches too under group_by_length; scoring needs dataset order."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    class LengthAndFirstToken(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return {"logits": torch.stack([attention_mask.sum(dim=1), input_ids[:, 0]], dim=1).float()}
+
+    def pad(features):
+        width = max(len(f["input_ids"]) for f in features)
+        ids = [f["input_ids"] + [0] * (width - len(f["input_ids"])) for f in features]
+        mask = [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+
+    lengths = [3, 17, 5, 11, 2, 29, 7, 13, 19, 23, 4, 8] * 4
+    features = Dataset.from_dict({"input_ids": [[index + 1] * length for index, length in enumerate(lengths)]})
+    arguments = TrainingArguments(output_dir=str(tmp_path), train_sampling_strategy="group_by_length",
+                                  per_device_eval_batch_size=4, report_to="none", use_cpu=True)
+    trainer = Trainer(model=LengthAndFirstToken(), args=arguments, data_collator=pad)
+    predicted = predict_in_dataset_order(trainer, features).predictions
+    assert predicted[:, 0].tolist() == lengths
+    assert predicted[:, 1].tolist() == list(range(1, len(lengths) + 1))
+    assert trainer.args.train_sampling_strategy == "group_by_length"  # restored for training
