@@ -33,6 +33,8 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("backward", ("backward (",)),
     ("data", ("dataloader.py", "data_loader.py", "collate", "data_collator.py", "__next__ (", "batching.py")),
     ("forward", ("forward (", "_call_impl (", "compute_loss (")),
+    ("imports", ("_find_and_load (",)),
+    ("waiting", ("Condition.wait (", "Event.wait (", "TMonitor.run (")),
     ("setup", ("from_pretrained (", "arrow_dataset.py", "load_dataset (", "tokenization", "save_pretrained (",
                "save_model (", "_save (")),
 ]

@@ -27,7 +27,9 @@ def test_phases_of_bertpipe_and_trainer_stacks():
         "<module> (bertpipe:8);_run_trainer (pipelines/benchmark.py:290);predict (transformers/trainer.py:4300)": "eval",
         "<module> (bertpipe:8);from_pretrained (transformers/modeling_utils.py:4000)": "setup",
         "<module> (bertpipe:8);run_benchmark (pipelines/benchmark.py:470);measure_matmul_peak (pipelines/benchmark.py:101)": "harness",
-        "<module> (bertpipe:8);import_module (importlib/__init__.py:90)": "other",
+        "<module> (bertpipe:8);_find_and_load (<frozen importlib._bootstrap>:1176)": "imports",
+        "_bootstrap_inner (threading.py:1045);run (tqdm/_monitor.py:60);TMonitor.run (tqdm/_monitor.py:60);Event.wait (threading.py:629)": "waiting",
+        "<module> (bertpipe:8);main (tasks/cli.py:12)": "other",
     }
     for stack, phase in cases.items():
         assert where_time_goes.phase_of(stack) == phase, stack
