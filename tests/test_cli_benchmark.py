@@ -88,20 +88,9 @@ def test_cli_benchmark_unknown_setting_is_a_clear_error(tmp_path, tiny_bert, sen
 def test_cli_benchmark_scores_the_trainer_on_ner_in_example_order(tmp_path):
     """NER's predict_step reduces logits (argmax + probability) and the Trainer length-groups evaluation
     batches under group_by_length: the Trainer's model must still be scored example by example."""
-    from tests.conftest import build_tiny_bert, write_config, write_jsonl
-    from tests.test_cli_ner import CITIES, FIRST_NAMES, SURNAMES, VERBS, ner_sentences, write_conll
+    from tests.test_cli_ner import toy_ner_config, toy_ner_model
 
-    model = build_tiny_bert(tmp_path / "tiny", vocab_words=[" ".join(FIRST_NAMES + SURNAMES + CITIES + VERBS)] * 20)
-    train = write_conll(tmp_path / "train.txt", ner_sentences(240, seed=1))
-    validation = write_jsonl(tmp_path / "validation.jsonl", [{"tokens": w, "ner_tags": t} for w, t in ner_sentences(41, seed=2)])
-    config = write_config(tmp_path / "ner.yaml", f"""# test config
-task: ner
-output_dir: {tmp_path / 'run'}
-seed: 3
-model: {{name_or_path: {model}}}
-data: {{files: {{train: {train}, validation: {validation}}}, max_seq_length: 24}}
-train: {{num_epochs: 4, batch_size: 16, learning_rate: 3.0e-3, warmup_fraction: 0.05, torch_num_threads: 1}}
-""")
+    config = toy_ner_config(tmp_path, toy_ner_model(tmp_path))
     out = tmp_path / "bench"
     run_cli("benchmark", str(config), "--settings", "trainer_best", "--seeds", "1", "--metric", "f1", "--output-dir", str(out))
     (run,) = json.loads((out / "benchmark.json").read_text())["runs"]

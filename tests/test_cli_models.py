@@ -52,21 +52,9 @@ def saved_model_type(run_dir) -> str:
 def test_cli_ner_with_our_bert(tmp_path):
     from transformers import pipeline
 
-    from tests.test_cli_ner import CITIES, FIRST_NAMES, SURNAMES, VERBS, ner_sentences, write_conll
-    from tests.conftest import build_tiny_bert, write_config, write_jsonl
+    from tests.test_cli_ner import toy_ner_config, toy_ner_model
 
-    theirs = build_tiny_bert(tmp_path / "tiny", vocab_words=[" ".join(FIRST_NAMES + SURNAMES + CITIES + VERBS)] * 20)
-    ours = convert_to_ours(theirs, tmp_path / "ours")
-    train = write_conll(tmp_path / "train.txt", ner_sentences(240, seed=1))
-    validation = write_jsonl(tmp_path / "validation.jsonl", [{"tokens": w, "ner_tags": t} for w, t in ner_sentences(41, seed=2)])
-    config = write_config(tmp_path / "ner.yaml", f"""# test config
-task: ner
-output_dir: {tmp_path / 'run'}
-seed: 3
-model: {{name_or_path: {ours}}}
-data: {{files: {{train: {train}, validation: {validation}}}, max_seq_length: 24}}
-train: {{num_epochs: 4, batch_size: 16, learning_rate: 3.0e-3, warmup_fraction: 0.05, logging_steps: 10, torch_num_threads: 1}}
-""")
+    config = toy_ner_config(tmp_path, convert_to_ours(toy_ner_model(tmp_path), tmp_path / "ours"))
     run_cli("train", str(config))
     run = tmp_path / "run"
     metrics = json.loads((run / "metrics.json").read_text())

@@ -50,6 +50,25 @@ def write_conll(path: Path, sentences) -> Path:
     return path
 
 
+def toy_ner_model(folder: Path) -> Path:
+    """A tiny BERT whose WordPiece vocabulary holds every toy name and city as one token."""
+    return build_tiny_bert(folder / "tiny", vocab_words=[" ".join(FIRST_NAMES + SURNAMES + CITIES + VERBS)] * 20)
+
+
+def toy_ner_config(folder: Path, model: Path) -> Path:
+    """The toy NER job (240 CoNLL-file train sentences, 41 jsonl validation sentences) on ``model``."""
+    train = write_conll(folder / "train.txt", ner_sentences(240, seed=1))
+    validation = write_jsonl(folder / "validation.jsonl", [{"tokens": w, "ner_tags": t} for w, t in ner_sentences(41, seed=2)])
+    return write_config(folder / "ner.yaml", f"""# test config
+task: ner
+output_dir: {folder / 'run'}
+seed: 3
+model: {{name_or_path: {model}}}
+data: {{files: {{train: {train}, validation: {validation}}}, max_seq_length: 24}}
+train: {{num_epochs: 4, batch_size: 16, learning_rate: 3.0e-3, warmup_fraction: 0.05, logging_steps: 10, torch_num_threads: 1}}
+""")
+
+
 @pytest.fixture(scope="module")
 def ner_setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ner-cli")
