@@ -10,6 +10,13 @@ bilinear and additive scores, BatchNorm, sinusoidal positions and pre-norm. Runs
 each in its own process, so their tokens/s are comparable on an otherwise idle machine.
 
     python scripts/ablate_models.py --max-steps 40 --out docs/ablation
+
+On a 2-core machine two single-thread lanes finish sooner than one two-thread lane (a 4-layer model
+scales poorly across threads), and the tokens/s stay comparable when every variant ran the same way:
+
+    python scripts/ablate_models.py --threads 1 --only additive --out OUT &
+    python scripts/ablate_models.py --threads 1 --skip additive --out OUT; wait
+    python scripts/ablate_models.py --report-only --out OUT   # the table from every finished run in OUT
 """
 
 from __future__ import annotations
@@ -33,20 +40,38 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+def run_dir_of(name: str, out: Path) -> Path:
+    return out / "runs" / name.split(" (")[0].replace(" ", "_")
+
+
+def read_row(name: str, out: Path) -> dict:
+    metrics = json.loads((run_dir_of(name, out) / "metrics.json").read_text())
+    return {"variant": name, **{k: metrics[k] for k in ("eval_perplexity", "eval_accuracy", "train_tokens_per_second")}}
+
+
+def selected_variants(only: list[str], skip: list[str]) -> list[str]:
+    """Variant names matching any ``only`` word (all when empty) and no ``skip`` word."""
+    chosen = [name for name in VARIANTS if not only or any(word in name for word in only)]
+    chosen = [name for name in chosen if not any(word in name for word in skip)]
+    if not chosen:
+        raise SystemExit(f"no variant matches --only {only} --skip {skip}; variants: {list(VARIANTS)}")
+    return chosen
+
+
 def run_variant(config: str, name: str, changes: dict[str, str], out: Path, args: argparse.Namespace) -> dict:
-    run_dir = out / "runs" / name.split(" (")[0].replace(" ", "_")
+    run_dir = run_dir_of(name, out)
     overrides = [
         "model.model_type=bertpipe_bert", f"output_dir={run_dir}", "overwrite=true", f"seed={args.seed}",
         f"train.max_steps={args.max_steps}", f"train.batch_size={args.batch_size}", "train.eval_steps=null",
         f"train.warmup_steps={max(1, args.max_steps // 10)}",
         *(f"model.architecture.{key}={value}" for key, value in changes.items()),
+        *([f"train.torch_num_threads={args.threads}"] if args.threads else []),
     ]
     subprocess.run(
         [sys.executable, "-m", "tasks.cli", "train", config, *overrides], cwd=REPO_ROOT, check=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.DEVNULL,
     )
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    return {"variant": name, **{k: metrics[k] for k in ("eval_perplexity", "eval_accuracy", "train_tokens_per_second")}}
+    return read_row(name, out)
 
 
 def write_report(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
@@ -57,7 +82,8 @@ def write_report(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
 
     lines = [
         f"Budget: {args.max_steps} updates × {args.batch_size} packed blocks of 128 tokens, seed {args.seed}, "
-        f"config `{args.config}` with `model.model_type=bertpipe_bert`.",
+        f"config `{args.config}` with `model.model_type=bertpipe_bert`"
+        + (f", {args.threads} torch thread(s) per run." if args.threads else "."),
         "",
         "| variant | validation perplexity | masked-token accuracy | train tokens/s |",
         "| --- | --- | --- | --- |",
@@ -81,12 +107,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "ablation")
+    parser.add_argument("--threads", type=int, default=None, help="train.torch_num_threads for every run")
+    parser.add_argument("--only", nargs="*", default=[], help="run only variants whose name contains a word")
+    parser.add_argument("--skip", nargs="*", default=[], help="leave out variants whose name contains a word")
+    parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs in --out")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name, changes in VARIANTS.items():
-        rows.append(run_variant(args.config, name, changes, args.out, args))
-        print(json.dumps(rows[-1]), flush=True)
+    if args.report_only:
+        finished = [name for name in VARIANTS if (run_dir_of(name, args.out) / "metrics.json").exists()]
+        rows = [read_row(name, args.out) for name in finished]
+    else:
+        rows = []
+        for name in selected_variants(args.only, args.skip):
+            rows.append(run_variant(args.config, name, VARIANTS[name], args.out, args))
+            print(json.dumps(rows[-1]), flush=True)
     write_report(rows, args.out, args)
     print((args.out / "ablation.md").read_text())
 
