@@ -104,9 +104,13 @@ def loader_options(num_workers: int) -> dict:
 
 
 def train_dataloader(
-    features: Dataset, collator: Callable, batch_size: int, *, seed: int, group_by_length: bool, num_workers: int = 0
+    features: Dataset, collator: Callable, batch_size: int, *, seed: int, group_by_length: bool,
+    length_group_batches: int = 50, num_workers: int = 0,
 ) -> tuple[DataLoader, ShuffledBatchSampler]:
-    sampler = ShuffledBatchSampler(feature_lengths(features), batch_size, seed=seed, group_by_length=group_by_length)
+    sampler = ShuffledBatchSampler(
+        feature_lengths(features), batch_size, seed=seed, group_by_length=group_by_length,
+        mega_batch_factor=length_group_batches,
+    )
     loader = DataLoader(
         features, batch_sampler=sampler, collate_fn=collator, **loader_options(num_workers),
         # Its own generator keeps worker seeding off the global RNG that dropout draws from.

@@ -184,6 +184,8 @@ def setting_precision(config: RunConfig, setting: str) -> str:
 
 
 def setting_sampler(config: RunConfig, setting: str) -> str:
+    if setting == "bertpipe" and config.train.group_by_length and config.train.length_group_batches != 50:
+        return f"length-grouped by {config.train.length_group_batches} batches"
     grouped = config.train.group_by_length if setting == "bertpipe" else setting == "trainer_best"
     return "length-grouped" if grouped else "random"
 

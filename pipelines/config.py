@@ -123,6 +123,10 @@ class TrainConfig(Section):
     BF16 or AMX), else fp32; bf16 emulated on other CPUs is many times slower than fp32."""
     group_by_length: bool = True
     """Batch examples of similar length together (batches still come in random order)."""
+    length_group_batches: int = Field(default=50, ge=1)
+    """With ``group_by_length``: how many batches' worth of randomly drawn examples are sorted by
+    length together. 50 (the Trainer's mega-batch) removes most padding; a few batches keep each
+    batch a more varied draw (more padding), which matters when length tracks content (CoNLL NER)."""
     logging_steps: int = Field(default=10, gt=0)
     eval_steps: int | None = Field(default=None, gt=0)
     """Evaluate every N optimizer updates (and always at the end)."""

@@ -90,7 +90,8 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     eval_batch_size = config.train.eval_batch_size or config.train.batch_size * 2
     train_loader, train_sampler = train_dataloader(
         train_features, task.collator(train=True), config.train.batch_size,
-        seed=config.seed, group_by_length=config.train.group_by_length, num_workers=config.train.dataloader_num_workers,
+        seed=config.seed, group_by_length=config.train.group_by_length,
+        length_group_batches=config.train.length_group_batches, num_workers=config.train.dataloader_num_workers,
     )
     eval_loader, eval_sampler = eval_dataloader(
         eval_features, task.collator(train=False), eval_batch_size, num_workers=config.train.dataloader_num_workers

@@ -53,3 +53,24 @@ def test_batching_sorted_eval_batches_cover_all_and_expose_order():
     assert flattened == sampler.order.tolist()
     assert sorted(flattened) == list(range(101))
     assert list(data[flattened]) == sorted(data, reverse=True)
+
+
+def test_batching_length_group_window_trades_padding_for_varied_batches():
+    data = lengths()
+
+    def padding(sampler):
+        return sum(int(data[b].max()) * len(b) - int(data[b].sum()) for b in sampler)
+
+    def grouped(window):
+        return ShuffledBatchSampler(data, 32, seed=1, group_by_length=True, mega_batch_factor=window)
+
+    plain = ShuffledBatchSampler(data, 32, seed=1, group_by_length=False)
+    assert padding(grouped(50)) < padding(grouped(4)) < padding(grouped(1)) == padding(plain)
+    # Each batch is drawn from one window of the epoch's permutation: with a window of 2 batches,
+    # every batch's examples sit within 64 consecutive positions of that permutation.
+    order = np.random.default_rng([1, 0]).permutation(len(data))
+    position = np.empty(len(data), dtype=np.int64)
+    position[order] = np.arange(len(data))
+    for batch in grouped(2):
+        assert len({int(position[i]) // 64 for i in batch}) == 1
+        assert sorted(batch) == sorted(set(batch))

@@ -20,6 +20,7 @@ from pipelines.benchmark import (
     parse_settings,
     predict_in_dataset_order,
     run_config,
+    setting_sampler,
     summarize,
     trainer_arguments,
     TrainingCounter,
@@ -194,3 +195,11 @@ def test_benchmark_trainer_predictions_come_back_in_dataset_order_under_length_g
     assert predicted[:, 0].tolist() == lengths
     assert predicted[:, 1].tolist() == list(range(1, len(lengths) + 1))
     assert trainer.args.train_sampling_strategy == "group_by_length"  # restored for training
+
+
+def test_benchmark_sampler_column_names_a_non_default_length_group_window(tmp_path):
+    assert setting_sampler(make_config(tmp_path), "bertpipe") == "length-grouped"
+    assert setting_sampler(make_config(tmp_path, length_group_batches=4), "bertpipe") == "length-grouped by 4 batches"
+    assert setting_sampler(make_config(tmp_path, group_by_length=False), "bertpipe") == "random"
+    assert setting_sampler(make_config(tmp_path, length_group_batches=4), "trainer_best") == "length-grouped"
+    assert setting_sampler(make_config(tmp_path), "trainer_default") == "random"
