@@ -17,6 +17,8 @@ scales poorly across threads), and the tokens/s stay comparable when every varia
     python scripts/ablate_models.py --threads 1 --only additive --out OUT &
     python scripts/ablate_models.py --threads 1 --skip additive --out OUT; wait
     python scripts/ablate_models.py --report-only --out OUT   # the table from every finished run in OUT
+
+`--set KEY=VALUE` changes the shared configuration (a smaller model, shorter blocks) for every variant.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def run_variant(config: str, name: str, changes: dict[str, str], out: Path, args
         "model.model_type=bertpipe_bert", f"output_dir={run_dir}", "overwrite=true", f"seed={args.seed}",
         f"train.max_steps={args.max_steps}", f"train.batch_size={args.batch_size}", "train.eval_steps=null",
         f"train.warmup_steps={max(1, args.max_steps // 10)}",
+        # Shared changes first: a whole `model.architecture={...}` must not replace the variant's key.
+        *args.set,
         *(f"model.architecture.{key}={value}" for key, value in changes.items()),
         *([f"train.torch_num_threads={args.threads}"] if args.threads else []),
     ]
@@ -81,8 +85,9 @@ def write_report(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     lines = [
-        f"Budget: {args.max_steps} updates × {args.batch_size} packed blocks of 128 tokens, seed {args.seed}, "
+        f"Budget: {args.max_steps} updates × {args.batch_size} packed blocks, seed {args.seed}, "
         f"config `{args.config}` with `model.model_type=bertpipe_bert`"
+        + "".join(f", `{override}`" for override in args.set)
         + (f", {args.threads} torch thread(s) per run." if args.threads else "."),
         "",
         "| variant | validation perplexity | masked-token accuracy | train tokens/s |",
@@ -111,6 +116,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[], help="run only variants whose name contains a word")
     parser.add_argument("--skip", nargs="*", default=[], help="leave out variants whose name contains a word")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs in --out")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every variant, e.g. data.max_seq_length=64")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:

@@ -33,10 +33,11 @@ def test_report_only_tabulates_the_finished_runs_in_variant_order(tmp_path):
         (run_dir / "metrics.json").write_text(json.dumps({
             "eval_perplexity": perplexity, "eval_accuracy": accuracy, "train_tokens_per_second": tokens_per_second}))
     subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "ablate_models.py"), "--report-only",
-                    "--max-steps", "200", "--threads", "1", "--out", str(tmp_path)], check=True, capture_output=True)
+                    "--max-steps", "200", "--threads", "1", "--set", "data.max_seq_length=64",
+                    "--out", str(tmp_path)], check=True, capture_output=True)
     table = (tmp_path / "ablation.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "variant" not in line and "---" not in line]
     assert rows == ["| baseline (dot, LayerNorm, learned, post-norm) | 498.3 | 0.125 | 1700 |",
                     "| pre-norm | 512.5 | 0.131 | 1500 |"]
-    assert "200 updates" in table and "1 torch thread(s) per run" in table
+    assert "200 updates" in table and "`data.max_seq_length=64`" in table and "1 torch thread(s) per run" in table
     assert (tmp_path / "ablation.png").stat().st_size > 0
