@@ -119,6 +119,7 @@ class BertpipeModel(BertpipePreTrainedModel):
             max_position_embeddings=config.max_position_embeddings,
             type_vocab_size=config.type_vocab_size,
             position_embedding=config.position_embedding,
+            scale=config.scale_embedding,
             layer_norm_eps=config.layer_norm_eps,
             dropout=config.hidden_dropout_prob,
             pad_token_id=config.pad_token_id,

@@ -1,6 +1,6 @@
 """Configurations of the project's own BERT encoder and encoder-decoder Transformer.
 
-In: architecture keyword arguments (BertConfig names where BertConfig has them, plus the four switches
+In: architecture keyword arguments (BertConfig names where BertConfig has them, plus the five switches
 below), typically via ``AutoConfig.for_model("bertpipe_bert", hidden_size=..., num_labels=...)``.
 Out: ``PreTrainedConfig`` objects that serialise to ``config.json`` and back unchanged.
 
@@ -8,6 +8,8 @@ Switches that are ours, not BertConfig's:
 
 - ``position_embedding``: ``"learned"`` (a trained table, BERT) or ``"sinusoidal"`` (the fixed
   sin/cos code of "Attention Is All You Need").
+- ``scale_embedding`` (BERT; always on in the encoder-decoder): token embeddings times √hidden_size, as
+  the paper does so that the fixed sinusoids do not drown them.
 - ``attention_score``: ``"dot"`` (q·k/√d_k), ``"bilinear"`` (qᵀWk/√d_k) or ``"additive"`` (vᵀtanh(W₁q + W₂k)).
 - ``norm``: ``"layer"`` (LayerNorm) or ``"batch"`` (BatchNorm over the non-padding positions only).
 - ``norm_placement``: ``"post"`` (norm(x + sublayer(x)), as in BERT) or ``"pre"`` (x + sublayer(norm(x))).
@@ -55,6 +57,9 @@ class BertpipeBertConfig(PreTrainedConfig):
     classifier_dropout: float | int | None = None
     tie_word_embeddings: bool = True
     position_embedding: PositionEmbedding = "learned"
+    # BERT leaves token embeddings at their init scale (std 0.02); next to fixed sinusoids in [-1, 1]
+    # they start as a few percent of the sum, so sinusoidal runs want the paper's sqrt(d_model) scale.
+    scale_embedding: bool = False
     attention_score: AttentionScore = "dot"
     norm: NormKind = "layer"
     norm_placement: NormPlacement = "post"

@@ -6,7 +6,8 @@ Out: OUT/ablation.md (a table of validation perplexity, masked-token accuracy an
      variant) and OUT/ablation.png (the same as bars), plus each run's directory under OUT/runs/.
 
 Variants: the baseline (dot score, LayerNorm, learned positions, post-norm) and, one at a time,
-bilinear and additive scores, BatchNorm, sinusoidal positions and pre-norm. Runs go one after another,
+bilinear and additive scores, BatchNorm, sinusoidal positions (as added to BERT-scale token embeddings,
+and with the token embeddings scaled by √d as in the Transformer paper) and pre-norm. Runs go one after another,
 each in its own process, so their tokens/s are comparable on an otherwise idle machine.
 
     python scripts/ablate_models.py --max-steps 40 --out docs/ablation
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,12 +40,13 @@ VARIANTS: dict[str, dict[str, str]] = {
     "additive score": {"attention_score": "additive"},
     "BatchNorm": {"norm": "batch"},
     "sinusoidal positions": {"position_embedding": "sinusoidal"},
+    "sinusoidal positions, token embeddings scaled by √d": {"position_embedding": "sinusoidal", "scale_embedding": "true"},
     "pre-norm": {"norm_placement": "pre"},
 }
 
 
 def run_dir_of(name: str, out: Path) -> Path:
-    return out / "runs" / name.split(" (")[0].replace(" ", "_")
+    return out / "runs" / re.sub(r"[^A-Za-z0-9]+", "_", name.split(" (")[0]).strip("_")
 
 
 def read_row(name: str, out: Path) -> dict:

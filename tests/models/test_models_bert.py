@@ -23,6 +23,7 @@ from models import (
     BertpipeForTokenClassification,
     BertpipeModel,
 )
+from models.embeddings import sinusoidal_position_encoding
 
 AUTO_HEADS = [
     (AutoModel, BertpipeModel),
@@ -209,3 +210,19 @@ def test_bert_activation_checkpointing_gives_the_same_gradients(batch, make_bert
         model.train()(**batch, labels=torch.tensor([0, 1])).loss.backward()
     for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_bert_scale_embedding_multiplies_token_embeddings_by_sqrt_hidden(make_bert_config):
+    from models import BertpipeModel
+
+    torch.manual_seed(0)
+    plain = BertpipeModel(make_bert_config(position_embedding="sinusoidal")).eval()
+    scaled = BertpipeModel(make_bert_config(position_embedding="sinusoidal", scale_embedding=True)).eval()
+    scaled.load_state_dict(plain.state_dict())
+    ids, segments = torch.tensor([[3, 4, 5]]), torch.zeros(1, 3, dtype=torch.long)
+    emb = plain.embeddings
+    positions = sinusoidal_position_encoding(torch.arange(3), 16)
+    rest = emb.segment_embeddings(segments) + positions
+    torch.testing.assert_close(plain.embeddings(ids, segments), emb.norm(emb.token_embeddings(ids) + rest))
+    torch.testing.assert_close(scaled.embeddings(ids, segments), emb.norm(emb.token_embeddings(ids) * 4.0 + rest))
+    assert make_bert_config().scale_embedding is False  # BERT checkpoints convert unchanged
