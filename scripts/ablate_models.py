@@ -40,7 +40,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "additive score": {"attention_score": "additive"},
     "BatchNorm": {"norm": "batch"},
     "sinusoidal positions": {"position_embedding": "sinusoidal"},
-    "sinusoidal positions, token embeddings scaled by √d": {"position_embedding": "sinusoidal", "scale_embedding": "true"},
+    "sinusoidal ×√d (token embeddings scaled, as in the paper)": {"position_embedding": "sinusoidal", "scale_embedding": "true"},
     "pre-norm": {"norm_placement": "pre"},
 }
 
@@ -100,10 +100,14 @@ def write_report(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
     (out / "ablation.md").write_text("\n".join(lines) + "\n")
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     names = [r["variant"].split(" (")[0] for r in rows]
-    left.barh(names, [r["eval_perplexity"] for r in rows])
+    perplexity = left.barh(names, [r["eval_perplexity"] for r in rows])
+    left.bar_label(perplexity, fmt="%.0f", padding=3)
     left.set(title="validation perplexity (lower is better)")
-    right.barh(names, [r["train_tokens_per_second"] for r in rows], color="tab:orange")
+    speed = right.barh(names, [r["train_tokens_per_second"] for r in rows], color="tab:orange")
+    right.bar_label(speed, fmt="%.0f", padding=3)
     right.set(title="train tokens/s")
+    for axis in (left, right):
+        axis.margins(x=0.15)  # room for the value labels
     figure.tight_layout()
     figure.savefig(out / "ablation.png", dpi=100)
 
