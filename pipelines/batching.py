@@ -21,6 +21,8 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, Sampler
 
+from pipelines.config import TRAINER_LENGTH_GROUP_BATCHES
+
 
 def feature_lengths(features: Dataset, column: str = "input_ids") -> np.ndarray:
     return np.fromiter((len(ids) for ids in features[column]), dtype=np.int64, count=len(features))
@@ -36,7 +38,7 @@ class ShuffledBatchSampler(Sampler[list[int]]):
         *,
         seed: int,
         group_by_length: bool,
-        mega_batch_factor: int = 50,
+        mega_batch_factor: int = TRAINER_LENGTH_GROUP_BATCHES,
     ) -> None:
         self.lengths = np.asarray(lengths)
         self.batch_size = batch_size
@@ -105,7 +107,7 @@ def loader_options(num_workers: int) -> dict:
 
 def train_dataloader(
     features: Dataset, collator: Callable, batch_size: int, *, seed: int, group_by_length: bool,
-    length_group_batches: int = 50, num_workers: int = 0,
+    length_group_batches: int = TRAINER_LENGTH_GROUP_BATCHES, num_workers: int = 0,
 ) -> tuple[DataLoader, ShuffledBatchSampler]:
     sampler = ShuffledBatchSampler(
         feature_lengths(features), batch_size, seed=seed, group_by_length=group_by_length,

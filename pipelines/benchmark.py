@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from pipelines.config import RunConfig, load_config
+from pipelines.config import TRAINER_LENGTH_GROUP_BATCHES, RunConfig, load_config
 from pipelines.optim import plan_steps
 from pipelines.runtime import has_accelerator_device, native_bf16, resolve_mixed_precision
 
@@ -184,8 +184,9 @@ def setting_precision(config: RunConfig, setting: str) -> str:
 
 
 def setting_sampler(config: RunConfig, setting: str) -> str:
-    if setting == "bertpipe" and config.train.group_by_length and config.train.length_group_batches != 50:
-        return f"length-grouped by {config.train.length_group_batches} batches"
+    window = config.train.length_group_batches
+    if setting == "bertpipe" and config.train.group_by_length and window != TRAINER_LENGTH_GROUP_BATCHES:
+        return f"length-grouped by {window} batches"
     grouped = config.train.group_by_length if setting == "bertpipe" else setting == "trainer_best"
     return "length-grouped" if grouped else "random"
 

@@ -100,6 +100,11 @@ class DataConfig(Section):
         return self
 
 
+# transformers' get_length_grouped_indices sorts 50 batches' worth of examples at a time; matching it
+# keeps bertpipe's padding comparable with the Trainer's.
+TRAINER_LENGTH_GROUP_BATCHES = 50
+
+
 class TrainConfig(Section):
     num_epochs: float = Field(default=3.0, gt=0)
     max_steps: int | None = Field(default=None, gt=0)
@@ -123,7 +128,7 @@ class TrainConfig(Section):
     BF16 or AMX), else fp32; bf16 emulated on other CPUs is many times slower than fp32."""
     group_by_length: bool = True
     """Batch examples of similar length together (batches still come in random order)."""
-    length_group_batches: int = Field(default=50, ge=1)
+    length_group_batches: int = Field(default=TRAINER_LENGTH_GROUP_BATCHES, ge=1)
     """With ``group_by_length``: how many batches' worth of randomly drawn examples are sorted by
     length together. 50 (the Trainer's mega-batch) removes most padding; a few batches keep each
     batch a more varied draw (more padding), which matters when length tracks content (CoNLL NER)."""
