@@ -11,13 +11,14 @@ for unknown keys, the closest valid key. One schema library (pydantic) does the 
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import functools
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -81,6 +82,8 @@ class DataConfig(Section):
     """Dataset configuration name (e.g. ``mrpc`` for ``nyu-mll/glue``)."""
     files: dict[str, str | list[str]] | None = None
     """Split name -> local file(s): csv, tsv, json, jsonl, parquet or txt."""
+    encoding: str = "utf-8"
+    """Text encoding of ``files`` (e.g. ``latin-1`` for older Gutenberg or CoNLL files)."""
     train_split: str = "train"
     eval_split: str = "validation"
     validation_fraction: float | None = Field(default=None, gt=0.0, lt=1.0)
@@ -92,6 +95,15 @@ class DataConfig(Section):
     text_pair_column: str | None = None
     label_column: str | None = None
     preprocessing_num_workers: int | None = Field(default=None, gt=0)
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        try:
+            codecs.lookup(value)
+        except LookupError:
+            raise ValueError(f"unknown text encoding {value!r} (e.g. utf-8, latin-1, cp1252)") from None
+        return value
 
     @model_validator(mode="after")
     def _needs_a_source(self) -> "DataConfig":

@@ -11,6 +11,7 @@ hand the result to :func:`finalize_splits` so that sampling and checks stay in o
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 from typing import Iterable
 
@@ -55,18 +56,60 @@ def _as_list(paths: str | list[str]) -> list[str]:
     return [paths] if isinstance(paths, str) else list(paths)
 
 
-def check_files_exist(files: dict[str, str | list[str]]) -> None:
+def check_files_exist(files: dict[str, str | list[str]], *, encoding: str | None = None) -> None:
+    """Every file exists and, given an ``encoding``, every text file decodes with it."""
     for split, paths in files.items():
         for path in _as_list(paths):
             if not Path(path).is_file():
                 raise DataError(f"data.files.{split}: file {path} does not exist")
+            if encoding is not None:
+                check_decodes(path, encoding, where=f"data.files.{split}")
+
+
+_BINARY_SUFFIXES = {".parquet", ".arrow"}
+
+
+def check_decodes(path: str | Path, encoding: str, *, where: str = "input") -> None:
+    """Raise a DataError naming the line and byte when a text file is not valid ``encoding``.
+
+    ``datasets`` reports a bad byte as a generic generation error without the file, and one
+    Latin-1 book among UTF-8 ones is a common way to meet it. Decoding in chunks keeps memory flat.
+    """
+    path = Path(path)
+    if path.suffix.lower() in _BINARY_SUFFIXES:
+        return
+    decoder = codecs.getincrementaldecoder(encoding)()
+    offset, line = 0, 1
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            pending = decoder.getstate()[0]  # the start of a character split across chunks
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as error:
+                buffer = pending + chunk
+                bad = offset - len(pending) + error.start
+                line += buffer[len(pending): error.start].count(b"\n")
+                context = buffer[max(0, error.start - 30): error.start + 10]
+                raise DataError(
+                    f"{where}: {path}, line {line} (byte {bad}): byte 0x{buffer[error.start]:02x} is not valid {encoding} "
+                    f"(near {context!r}); set data.encoding to the file's encoding (e.g. latin-1, cp1252) "
+                    f"or convert it (iconv -f latin1 -t utf-8)"
+                ) from None
+            offset += len(chunk)
+            line += chunk.count(b"\n")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(f"{where}: {path} ends inside a multi-byte {encoding} character (truncated file?)") from None
 
 
 def load_raw(data: DataConfig) -> DatasetDict:
     """Load the configured data as a DatasetDict of raw examples (no sampling yet)."""
     if data.files:
-        check_files_exist(data.files)
+        check_files_exist(data.files, encoding=data.encoding)
         builder, options = builder_for_files(data.files)
+        if builder != "parquet":
+            options["encoding"] = data.encoding
         files = {split: _as_list(paths) for split, paths in data.files.items()}
         return datasets.load_dataset(builder, data_files=files, **options)
     source = resolve_dataset(data.path)
@@ -109,6 +152,7 @@ def read_inputs(path: str | Path) -> Dataset:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
+    check_decodes(path, "utf-8")
     builder, options = builder_for_files({"input": str(path)})
     loaded = datasets.load_dataset(builder, data_files={"input": [str(path)]}, **options)["input"]
     if len(loaded) == 0:

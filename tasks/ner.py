@@ -35,7 +35,7 @@ from pydantic import Field
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, check_files_exist, finalize_splits, read_inputs
+from pipelines.data import DataError, check_decodes, check_files_exist, finalize_splits, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
@@ -131,9 +131,12 @@ class NerTask:
     def _read_file(self, path: Path) -> list[dict[str, Any]]:
         suffix = path.suffix.lower()
         if suffix in CONLL_SUFFIXES:
-            return read_conll(path, token_column=self.options.conll_token_column, tag_column=self.options.conll_tag_column)
+            return read_conll(
+                path, token_column=self.options.conll_token_column, tag_column=self.options.conll_tag_column,
+                encoding=self.config.data.encoding,
+            )
         if suffix in JSON_SUFFIXES:
-            rows = read_json_rows(path)
+            rows = read_json_rows(path, encoding=self.config.data.encoding)
             if not rows:
                 return rows
             tag_column = self._tag_column(list(rows[0]), str(path))
@@ -344,7 +347,7 @@ class NerTask:
 
 
 # ----- data readers -----------------------------------------------------------------------------
-def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1) -> list[dict[str, Any]]:
+def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """CoNLL column file -> ``[{"tokens", "tags", "location"}]``, one dict per sentence.
 
     Columns are split on whitespace; every token line of a file must have as many columns as the
@@ -365,7 +368,8 @@ def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1)
             tokens.clear()
             tags.clear()
 
-    with open(path, encoding="utf-8") as handle:
+    check_decodes(path, encoding)
+    with open(path, encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
             columns = line.split()
             if not columns:
@@ -393,11 +397,12 @@ def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1)
     return sentences
 
 
-def read_json_rows(path: Path) -> list[dict[str, Any]]:
+def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """``.jsonl`` (one object a line) or ``.json`` (a list of objects) -> rows with a ``location``."""
+    check_decodes(path, encoding)
     rows = []
     if path.suffix.lower() == ".jsonl":
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding=encoding) as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -410,7 +415,7 @@ def read_json_rows(path: Path) -> list[dict[str, Any]]:
                 rows.append({**row, "location": f"{path}:{number}"})
         return rows
     try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
+        loaded = json.loads(path.read_text(encoding=encoding))
     except json.JSONDecodeError as error:
         raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
     if isinstance(loaded, dict) and isinstance(loaded.get("data"), list):

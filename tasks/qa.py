@@ -35,7 +35,7 @@ from pydantic import Field
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, Pipeline
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, check_files_exist, finalize_splits, load_raw, require_columns
+from pipelines.data import DataError, check_decodes, check_files_exist, finalize_splits, load_raw, require_columns
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 from pipelines.outputs import write_json
@@ -134,12 +134,13 @@ def flatten_squad_json(document: dict[str, Any], source: str) -> list[dict[str, 
     return rows
 
 
-def read_squad_file(path: str | Path) -> list[dict[str, Any]]:
+def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """Nested SQuAD JSON, a JSON list of flat rows, or jsonl of flat rows: detected from the content."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    check_decodes(path, encoding)
+    text = path.read_text(encoding=encoding)
     if not text.strip():
         raise DataError(f"{path} is empty")
     document: Any = None
@@ -446,7 +447,10 @@ class QATask:
         if data.files:
             check_files_exist(data.files)
             raw = DatasetDict({
-                split: rows_to_dataset([row for path in ([paths] if isinstance(paths, str) else paths) for row in read_squad_file(path)])
+                split: rows_to_dataset([
+                    row for path in ([paths] if isinstance(paths, str) else paths)
+                    for row in read_squad_file(path, encoding=data.encoding)
+                ])
                 for split, paths in data.files.items()
             })
         else:

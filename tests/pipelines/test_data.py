@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pipelines.config import DataConfig
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns
+from pipelines.data import DataError, check_decodes, finalize_splits, load_raw, read_inputs, require_columns
 
 
 def write_rows(path, rows, sep=None):
@@ -67,3 +67,49 @@ def test_data_prediction_inputs_from_text_lines(tmp_path):
     path = tmp_path / "in.txt"
     path.write_text("first line\nsecond line\n")
     assert read_inputs(path)["text"] == ["first line", "second line"]
+
+
+# ----- text encodings ------------------------------------------------------------------------
+def test_data_latin1_file_among_utf8_names_file_line_and_the_setting(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("naïve café\n", encoding="utf-8")
+    book = tmp_path / "book.txt"
+    book.write_bytes("first line\nBrunetière, Coppée\n".encode("latin-1"))
+    with pytest.raises(DataError) as error:
+        load_raw(DataConfig(files={"train": [str(good), str(book)]}))
+    message = str(error.value)
+    assert f"data.files.train: {book}, line 2 (byte 18): byte 0xe8 is not valid utf-8" in message
+    assert "data.encoding" in message
+
+
+def test_data_encoding_setting_decodes_text_csv_and_jsonl(tmp_path):
+    text = tmp_path / "book.txt"
+    text.write_bytes("Brunetière\nCoppée\n".encode("latin-1"))
+    assert load_raw(DataConfig(files={"train": str(text)}, encoding="latin-1"))["train"]["text"] == ["Brunetière", "Coppée"]
+    table = tmp_path / "rows.csv"
+    table.write_bytes("text,label\ncafé,a\n".encode("cp1252"))
+    assert load_raw(DataConfig(files={"train": str(table)}, encoding="cp1252"))["train"]["text"] == ["café"]
+    lines = tmp_path / "rows.jsonl"
+    lines.write_bytes('{"text": "café"}\n'.encode("latin-1"))
+    assert load_raw(DataConfig(files={"train": str(lines)}, encoding="latin-1"))["train"]["text"] == ["café"]
+
+
+def test_check_decodes_reports_the_right_byte_past_a_chunk_and_accepts_split_characters(tmp_path):
+    # A 2-byte character straddling the 1 MiB read boundary is valid; the bad byte after it must be
+    # reported at its offset in the file, not in the chunk.
+    prefix = b"a" * ((1 << 20) - 1) + b"\n"
+    straddling = prefix[:-1] + "é".encode("utf-8") + b"\nok\n"
+    path = tmp_path / "big.txt"
+    path.write_bytes(straddling)
+    check_decodes(path, "utf-8")
+    path.write_bytes(straddling + b"x\xff")
+    with pytest.raises(DataError, match=rf"line 3 \(byte {len(straddling) + 1}\): byte 0xff"):
+        check_decodes(path, "utf-8")
+    path.write_bytes(b"ok \xc3")
+    with pytest.raises(DataError, match="ends inside a multi-byte utf-8 character"):
+        check_decodes(path, "utf-8")
+
+
+def test_data_unknown_encoding_is_a_config_error():
+    with pytest.raises(ValueError, match="unknown text encoding 'utf-9'"):
+        DataConfig(files={"train": "a.txt"}, encoding="utf-9")

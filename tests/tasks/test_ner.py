@@ -330,3 +330,11 @@ def test_ner_word_entities_give_character_spans_and_word_spans():
     ]
     joined, spans = join_words(["Peter", "Blackburn", "left"])
     assert joined == "Peter Blackburn left" and spans == [(0, 5), (6, 15), (16, 20)]
+
+
+def test_ner_read_conll_honours_the_encoding_and_names_a_bad_byte(tmp_path):
+    path = tmp_path / "latin1.conll"
+    path.write_bytes("Müller NNP B-NP B-PER\n".encode("latin-1"))
+    assert read_conll(path, encoding="latin-1")[0]["tokens"] == ["Müller"]
+    with pytest.raises(DataError, match=rf"{path}, line 1 .*0xfc is not valid utf-8"):
+        read_conll(path)

@@ -74,6 +74,16 @@ def test_qa_nested_json_reader_flattens_and_honours_is_impossible(tmp_path):
     assert rows[1]["answers"] == {"text": [], "answer_start": []}
 
 
+def test_qa_reader_honours_the_encoding(tmp_path):
+    document = {"data": [{"title": "T", "paragraphs": [{"context": "Zoë met Bob", "qas": [
+        {"id": "a", "question": "who met Bob?", "answers": [{"text": "Zoë", "answer_start": 0}]}]}]}]}
+    path = tmp_path / "latin1.json"
+    path.write_bytes(json.dumps(document, ensure_ascii=False).encode("latin-1"))
+    assert read_squad_file(path, encoding="latin-1")[0]["answers"]["text"] == ["Zoë"]
+    with pytest.raises(DataError, match="0xeb is not valid utf-8.*data.encoding"):
+        read_squad_file(path)
+
+
 def test_qa_reader_detects_jsonl_with_either_answer_layout(tmp_path):
     path = write_jsonl(tmp_path / "flat.json", [
         {"id": 7, "question": "q1", "context": "c one", "answers": {"text": ["one"], "answer_start": [2]}},
