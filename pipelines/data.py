@@ -12,11 +12,13 @@ hand the result to :func:`finalize_splits` so that sampling and checks stay in o
 from __future__ import annotations
 
 import codecs
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import datasets
 from datasets import Dataset, DatasetDict
+from datasets.exceptions import DatasetGenerationError
 
 from pipelines.config import DataConfig
 from pipelines.hub import resolve_dataset
@@ -56,14 +58,36 @@ def _as_list(paths: str | list[str]) -> list[str]:
     return [paths] if isinstance(paths, str) else list(paths)
 
 
-def check_files_exist(files: dict[str, str | list[str]], *, encoding: str | None = None) -> None:
-    """Every file exists and, given an ``encoding``, every text file decodes with it."""
+def check_files_exist(files: dict[str, str | list[str]]) -> None:
+    """Every configured file exists (before ``datasets`` reports a missing one without its key)."""
     for split, paths in files.items():
         for path in _as_list(paths):
             if not Path(path).is_file():
                 raise DataError(f"data.files.{split}: file {path} does not exist")
-            if encoding is not None:
-                check_decodes(path, encoding, where=f"data.files.{split}")
+
+
+@contextmanager
+def naming_undecodable(paths_by_label: dict[str, list[str | Path]], encoding: str, *, scan_first: bool = False) -> Iterator[None]:
+    """Turn a read that failed on a bad byte into a DataError naming the file, line and byte.
+
+    The files are scanned only after a read has failed, so a good corpus is read once; a read that
+    failed for another reason re-raises unchanged. ``scan_first`` scans before the read too, for
+    readers that accept bad bytes silently. The label (e.g. ``data.files.train``) starts the
+    message so the user knows which setting to fix.
+    """
+
+    def scan() -> None:
+        for label, paths in paths_by_label.items():
+            for path in paths:
+                check_decodes(path, encoding, where=label)
+
+    if scan_first:
+        scan()
+    try:
+        yield
+    except (UnicodeError, DatasetGenerationError):
+        scan()
+        raise
 
 
 _BINARY_SUFFIXES = {".parquet", ".arrow"}
@@ -106,12 +130,16 @@ def check_decodes(path: str | Path, encoding: str, *, where: str = "input") -> N
 def load_raw(data: DataConfig) -> DatasetDict:
     """Load the configured data as a DatasetDict of raw examples (no sampling yet)."""
     if data.files:
-        check_files_exist(data.files, encoding=data.encoding)
+        check_files_exist(data.files)
         builder, options = builder_for_files(data.files)
         if builder != "parquet":
             options["encoding"] = data.encoding
         files = {split: _as_list(paths) for split, paths in data.files.items()}
-        return datasets.load_dataset(builder, data_files=files, **options)
+        # pyarrow's JSON reader stores invalid UTF-8 without complaint: the bad row would fail only
+        # when read, long after caching, so JSON files are scanned up front.
+        paths_by_label = {f"data.files.{split}": paths for split, paths in files.items()}
+        with naming_undecodable(paths_by_label, data.encoding, scan_first=builder == "json"):
+            return datasets.load_dataset(builder, data_files=files, **options)
     source = resolve_dataset(data.path)
     return datasets.load_dataset(source, data.name)
 
@@ -152,9 +180,9 @@ def read_inputs(path: str | Path) -> Dataset:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
-    check_decodes(path, "utf-8")
     builder, options = builder_for_files({"input": str(path)})
-    loaded = datasets.load_dataset(builder, data_files={"input": [str(path)]}, **options)["input"]
+    with naming_undecodable({"input": [path]}, "utf-8", scan_first=builder == "json"):
+        loaded = datasets.load_dataset(builder, data_files={"input": [str(path)]}, **options)["input"]
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")
     return loaded

@@ -35,7 +35,7 @@ from pydantic import Field
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, check_decodes, check_files_exist, finalize_splits, read_inputs
+from pipelines.data import DataError, check_files_exist, finalize_splits, naming_undecodable, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
@@ -368,8 +368,7 @@ def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1,
             tokens.clear()
             tags.clear()
 
-    check_decodes(path, encoding)
-    with open(path, encoding=encoding) as handle:
+    with naming_undecodable({"input": [path]}, encoding), open(path, encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
             columns = line.split()
             if not columns:
@@ -399,23 +398,24 @@ def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1,
 
 def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """``.jsonl`` (one object a line) or ``.json`` (a list of objects) -> rows with a ``location``."""
-    check_decodes(path, encoding)
-    rows = []
+    with naming_undecodable({"input": [path]}, encoding):
+        text = path.read_text(encoding=encoding)
     if path.suffix.lower() == ".jsonl":
-        with open(path, encoding=encoding) as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DataError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-                rows.append({**row, "location": f"{path}:{number}"})
+        rows = []
+        # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
+        for number, line in enumerate(text.split("\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+            rows.append({**row, "location": f"{path}:{number}"})
         return rows
     try:
-        loaded = json.loads(path.read_text(encoding=encoding))
+        loaded = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
     if isinstance(loaded, dict) and isinstance(loaded.get("data"), list):

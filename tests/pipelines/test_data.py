@@ -70,16 +70,41 @@ def test_data_prediction_inputs_from_text_lines(tmp_path):
 
 
 # ----- text encodings ------------------------------------------------------------------------
-def test_data_latin1_file_among_utf8_names_file_line_and_the_setting(tmp_path):
-    good = tmp_path / "good.txt"
-    good.write_text("naïve café\n", encoding="utf-8")
-    book = tmp_path / "book.txt"
-    book.write_bytes("first line\nBrunetière, Coppée\n".encode("latin-1"))
+# Each builder fails on a bad byte in its own way (a text decode error, pandas, pyarrow's JSON reader).
+@pytest.mark.parametrize(
+    ("suffix", "header", "row", "line", "offset"),
+    [(".txt", "first line\n", "Brunetière, Coppée\n", 2, 18), (".csv", "text\n", "Brunetière\n", 2, 12),
+     (".jsonl", '{"text": "a"}\n', '{"text": "Brunetière"}\n', 2, 31)],
+)
+def test_data_latin1_file_among_utf8_names_file_line_and_the_setting(tmp_path, suffix, header, row, line, offset):
+    good = tmp_path / f"good{suffix}"
+    good.write_text(header + row.replace("è", "e").replace("é", "e"), encoding="utf-8")
+    book = tmp_path / f"book{suffix}"
+    book.write_bytes((header + row).encode("latin-1"))
     with pytest.raises(DataError) as error:
-        load_raw(DataConfig(files={"train": [str(good), str(book)]}))
+        load_raw(DataConfig(files={"train": [str(good)], "validation": [str(book)]}))
     message = str(error.value)
-    assert f"data.files.train: {book}, line 2 (byte 18): byte 0xe8 is not valid utf-8" in message
+    assert f"data.files.validation: {book}, line {line} (byte {offset}): byte 0xe8 is not valid utf-8" in message
     assert "data.encoding" in message
+
+
+def test_data_files_that_decode_are_read_once_not_scanned_first(tmp_path, monkeypatch):
+    def scan(*args, **kwargs):
+        raise AssertionError("a file that decodes was scanned")
+
+    monkeypatch.setattr("pipelines.data.check_decodes", scan)
+    text = tmp_path / "good.txt"
+    text.write_text("naïve café\n", encoding="utf-8")
+    assert load_raw(DataConfig(files={"train": str(text)}))["train"]["text"] == ["naïve café"]
+    assert read_inputs(text)["text"] == ["naïve café"]
+
+
+@pytest.mark.parametrize(("suffix", "content", "offset"), [(".txt", "fine\nCoppée\n", 9), (".jsonl", '{"text": "fine"}\n{"text": "Coppée"}\n', 31)])
+def test_predict_inputs_name_a_bad_byte(tmp_path, suffix, content, offset):
+    path = tmp_path / f"inputs{suffix}"
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.raises(DataError, match=rf"input: {path}, line 2 \(byte {offset}\): byte 0xe9 is not valid utf-8"):
+        read_inputs(path)
 
 
 def test_data_encoding_setting_decodes_text_csv_and_jsonl(tmp_path):
