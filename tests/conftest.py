@@ -24,6 +24,18 @@ NEGATIVE_WORDS = ["bad", "awful", "poor", "dull", "grim", "sad", "dark", "cold"]
 FILLER_WORDS = ["the", "film", "was", "a", "story", "with", "very", "and", "plot", "actors", "it", "is", "of", "scenes"]
 
 
+# Most of the suite's time is CLI subprocesses importing torch/transformers: single-threaded work that
+# xdist spreads over the cores (pyproject: -n auto --dist loadfile, so a module's fixtures stay in one
+# worker). Past 4 workers, the session fixtures rebuilt per worker and torch threads oversubscribing
+# the cores cost more than they save.
+MAX_TEST_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_TEST_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def shared_path(*parts: str) -> Path:
     path = SHARED.joinpath(*parts)
     if not path.exists():
