@@ -175,13 +175,19 @@ def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str)
         )
 
 
-def read_inputs(path: str | Path) -> Dataset:
-    """Inputs for ``bertpipe predict``: jsonl/json, csv/tsv, parquet, or txt (one ``text`` per line)."""
+def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
+    """Inputs for ``bertpipe predict``: jsonl/json, csv/tsv, parquet, or txt (one ``text`` per line).
+
+    Text formats are decoded with ``encoding`` (the run's ``data.encoding``, which a ``predict``
+    override such as ``data.encoding=latin-1`` changes).
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
     builder, options = builder_for_files({"input": str(path)})
-    with naming_undecodable({"input": [path]}, "utf-8", scan_first=builder == "json"):
+    if builder != "parquet":
+        options["encoding"] = encoding
+    with naming_undecodable({"input": [path]}, encoding, scan_first=builder == "json"):
         loaded = datasets.load_dataset(builder, data_files={"input": [str(path)]}, **options)["input"]
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")

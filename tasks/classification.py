@@ -130,7 +130,7 @@ class ClassificationTask:
         return raw
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = read_inputs(path)
+        inputs = read_inputs(path, encoding=self.config.data.encoding)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")

@@ -477,7 +477,7 @@ class MlmTask:
         return finalize_splits(cleaned, data, self.config.seed, need_train=include_train)
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = read_inputs(path)
+        inputs = read_inputs(path, encoding=self.config.data.encoding)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column], "input")

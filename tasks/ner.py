@@ -203,9 +203,12 @@ class NerTask:
         """``.txt``: one raw text per line; ``.conll``: CoNLL columns; json/jsonl: ``tokens`` lists or ``text``."""
         path = Path(path)
         if path.suffix.lower() == ".conll":
-            rows = read_conll(path, token_column=self.options.conll_token_column, tag_column=self.options.conll_tag_column)
+            rows = read_conll(
+                path, token_column=self.options.conll_token_column, tag_column=self.options.conll_tag_column,
+                encoding=self.config.data.encoding,
+            )
             return Dataset.from_dict({"tokens": [r["tokens"] for r in rows], "location": [r["location"] for r in rows]})
-        inputs = read_inputs(path)
+        inputs = read_inputs(path, encoding=self.config.data.encoding)
         if self.tokens_column in inputs.column_names:
             tokens = [list(words) for words in inputs[self.tokens_column]]
             for index, words in enumerate(tokens):

@@ -190,7 +190,7 @@ class TranslationTask:
 
     def load_inputs(self, path: str) -> Dataset:
         src = self.options.source_lang
-        inputs = read_inputs(path)
+        inputs = read_inputs(path, encoding=self.config.data.encoding)
         if src not in inputs.column_names:
             if self.options.translation_column in inputs.column_names:
                 inputs = to_language_columns(inputs, [src], self.options.translation_column, "input")

@@ -63,6 +63,19 @@ def test_cli_predict_writes_one_object_per_input(trained_run, tmp_path):
     assert all(abs(sum(row["scores"].values()) - 1) < 1e-4 for row in rows)
 
 
+def test_cli_predict_reads_inputs_in_the_encoding_given(trained_run, tmp_path):
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_bytes("the film was superb\nawful, dull plot: a déjà vu\n".encode("latin-1"))
+    output = tmp_path / "predictions.jsonl"
+    refused = run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(output), check=False)
+    assert refused.returncode == 2 and not output.exists()
+    assert f"input: {inputs}, line 2 (byte 41): byte 0xe9 is not valid utf-8" in refused.stderr
+    assert "data.encoding" in refused.stderr and "Traceback" not in refused.stderr
+    run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(output), "data.encoding=latin-1")
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["text"] for row in rows] == ["the film was superb", "awful, dull plot: a déjà vu"]
+
+
 def test_cli_refuses_to_overwrite_a_finished_run(trained_run, tmp_path):
     config = trained_run / "config.yaml"
     result = run_cli("train", str(config), check=False)

@@ -135,6 +135,15 @@ def test_check_decodes_reports_the_right_byte_past_a_chunk_and_accepts_split_cha
         check_decodes(path, "utf-8")
 
 
+def test_predict_inputs_decode_in_the_encoding_given(tmp_path):
+    text = tmp_path / "inputs.txt"
+    text.write_bytes("Coppée\n".encode("latin-1"))
+    assert read_inputs(text, encoding="latin-1")["text"] == ["Coppée"]
+    table = tmp_path / "inputs.csv"
+    table.write_bytes("text\ncafé\n".encode("cp1252"))
+    assert read_inputs(table, encoding="cp1252")["text"] == ["café"]
+
+
 def test_data_unknown_encoding_is_a_config_error():
     with pytest.raises(ValueError, match="unknown text encoding 'utf-9'"):
         DataConfig(files={"train": "a.txt"}, encoding="utf-9")
