@@ -127,6 +127,13 @@ def check_decodes(path: str | Path, encoding: str, *, where: str = "input") -> N
         raise DataError(f"{where}: {path} ends inside a multi-byte {encoding} character (truncated file?)") from None
 
 
+def _reader_accepts_bad_bytes(builder: str, encoding: str) -> bool:
+    # For UTF-8 the JSON builder hands the raw bytes to pyarrow, which stores invalid UTF-8 in the Arrow
+    # column without complaint: the bad row would fail only when read, long after caching. Other
+    # encodings it decodes in Python first, which fails on the spot like the text and csv builders.
+    return builder == "json" and codecs.lookup(encoding).name == "utf-8"
+
+
 def load_raw(data: DataConfig) -> DatasetDict:
     """Load the configured data as a DatasetDict of raw examples (no sampling yet)."""
     if data.files:
@@ -135,10 +142,8 @@ def load_raw(data: DataConfig) -> DatasetDict:
         if builder != "parquet":
             options["encoding"] = data.encoding
         files = {split: _as_list(paths) for split, paths in data.files.items()}
-        # pyarrow's JSON reader stores invalid UTF-8 without complaint: the bad row would fail only
-        # when read, long after caching, so JSON files are scanned up front.
         paths_by_label = {f"data.files.{split}": paths for split, paths in files.items()}
-        with naming_undecodable(paths_by_label, data.encoding, scan_first=builder == "json"):
+        with naming_undecodable(paths_by_label, data.encoding, scan_first=_reader_accepts_bad_bytes(builder, data.encoding)):
             return datasets.load_dataset(builder, data_files=files, **options)
     source = resolve_dataset(data.path)
     return datasets.load_dataset(source, data.name)
@@ -187,7 +192,7 @@ def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
     builder, options = builder_for_files({"input": str(path)})
     if builder != "parquet":
         options["encoding"] = encoding
-    with naming_undecodable({"input": [path]}, encoding, scan_first=builder == "json"):
+    with naming_undecodable({"input": [path]}, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
         loaded = datasets.load_dataset(builder, data_files={"input": [str(path)]}, **options)["input"]
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")

@@ -88,6 +88,13 @@ def test_data_latin1_file_among_utf8_names_file_line_and_the_setting(tmp_path, s
     assert "data.encoding" in message
 
 
+def test_data_jsonl_in_another_encoding_names_the_byte_after_the_read_fails(tmp_path):
+    lines = tmp_path / "rows.jsonl"
+    lines.write_bytes('{"text": "ok"}\n{"text": "café"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=rf"data.files.train: {lines}, line 2 \(byte 28\): byte 0xe9 is not valid ascii"):
+        load_raw(DataConfig(files={"train": str(lines)}, encoding="ascii"))
+
+
 def test_data_files_that_decode_are_read_once_not_scanned_first(tmp_path, monkeypatch):
     def scan(*args, **kwargs):
         raise AssertionError("a file that decodes was scanned")
