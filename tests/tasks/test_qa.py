@@ -96,6 +96,14 @@ def test_qa_reader_detects_jsonl_with_either_answer_layout(tmp_path):
     assert rows[2]["answers"] == {"text": [], "answer_start": []}
 
 
+def test_qa_jsonl_reader_keeps_a_line_separator_inside_a_string(tmp_path):
+    # ensure_ascii=False writes U+2028 raw; str.splitlines() would cut the record there.
+    path = tmp_path / "flat.jsonl"
+    rows = [{"question": "q", "context": "first\u2028second", "answers": {"text": ["second"], "answer_start": [6]}}] * 2
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    assert [row["context"] for row in read_squad_file(path)] == ["first\u2028second"] * 2
+
+
 def test_qa_reader_errors_name_the_place(tmp_path):
     with pytest.raises(DataError, match=r"data\[0\]\.paragraphs\[0\]\.qas\[1\].*'question'"):
         flatten_squad_json({"data": [{"paragraphs": [{"context": "c", "qas": [{"question": "q"}, {"id": "x"}]}]}]}, "f.json")
