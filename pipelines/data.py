@@ -127,6 +127,17 @@ def check_decodes(path: str | Path, encoding: str, *, where: str = "input") -> N
         raise DataError(f"{where}: {path} ends inside a multi-byte {encoding} character (truncated file?)") from None
 
 
+def json_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSON-lines text with their 1-based numbers.
+
+    Splits on ``\\n`` only: ``str.splitlines()`` also splits at U+2028 and other separators that a JSON
+    string may hold raw, which would cut a record in two.
+    """
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            yield number, line
+
+
 def _reader_accepts_bad_bytes(builder: str, encoding: str) -> bool:
     # For UTF-8 the JSON builder hands the raw bytes to pyarrow, which stores invalid UTF-8 in the Arrow
     # column without complaint: the bad row would fail only when read, long after caching. Other
@@ -134,17 +145,23 @@ def _reader_accepts_bad_bytes(builder: str, encoding: str) -> bool:
     return builder == "json" and codecs.lookup(encoding).name == "utf-8"
 
 
+def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label: str) -> DatasetDict:
+    """``datasets``' builder for the files' format, decoding text in ``encoding``; a bad byte names
+    ``label + split``, the file, line and byte."""
+    builder, options = builder_for_files(files)
+    if builder != "parquet":
+        options["encoding"] = encoding
+    data_files = {split: _as_list(paths) for split, paths in files.items()}
+    paths_by_label = {label + split: paths for split, paths in data_files.items()}
+    with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
+        return datasets.load_dataset(builder, data_files=data_files, **options)
+
+
 def load_raw(data: DataConfig) -> DatasetDict:
     """Load the configured data as a DatasetDict of raw examples (no sampling yet)."""
     if data.files:
         check_files_exist(data.files)
-        builder, options = builder_for_files(data.files)
-        if builder != "parquet":
-            options["encoding"] = data.encoding
-        files = {split: _as_list(paths) for split, paths in data.files.items()}
-        paths_by_label = {f"data.files.{split}": paths for split, paths in files.items()}
-        with naming_undecodable(paths_by_label, data.encoding, scan_first=_reader_accepts_bad_bytes(builder, data.encoding)):
-            return datasets.load_dataset(builder, data_files=files, **options)
+        return _load_local_files(data.files, data.encoding, label="data.files.")
     source = resolve_dataset(data.path)
     return datasets.load_dataset(source, data.name)
 
@@ -189,11 +206,7 @@ def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
-    builder, options = builder_for_files({"input": str(path)})
-    if builder != "parquet":
-        options["encoding"] = encoding
-    with naming_undecodable({"input": [path]}, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
-        loaded = datasets.load_dataset(builder, data_files={"input": [str(path)]}, **options)["input"]
+    loaded = _load_local_files({"input": str(path)}, encoding, label="")["input"]
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")
     return loaded

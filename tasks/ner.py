@@ -35,7 +35,7 @@ from pydantic import Field
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, check_files_exist, finalize_splits, naming_undecodable, read_inputs
+from pipelines.data import DataError, check_files_exist, finalize_splits, json_lines, naming_undecodable, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
@@ -405,10 +405,7 @@ def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any
         text = path.read_text(encoding=encoding)
     if path.suffix.lower() == ".jsonl":
         rows = []
-        # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
-        for number, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
+        for number, line in json_lines(text):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:

@@ -35,7 +35,7 @@ from pydantic import Field
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, Pipeline
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, check_files_exist, finalize_splits, load_raw, naming_undecodable, require_columns
+from pipelines.data import DataError, check_files_exist, finalize_splits, json_lines, load_raw, naming_undecodable, require_columns
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 from pipelines.outputs import write_json
@@ -156,9 +156,7 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
     if isinstance(document, dict):
         return [flat_row(document, f"{path}: line 1", "0")]
     rows = []
-    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a JSON string
-        if not line.strip():
-            continue
+    for number, line in json_lines(text):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
