@@ -12,4 +12,4 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/python -m pip install --quiet "torch==${TORCH_VERSION:-2.13.0}" \
     || .venv/bin/python -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu
 fi
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/python -m pip install --quiet -e '.[dev,sweep]'

@@ -1,0 +1,103 @@
+"""pipelines.sweep: search-space parsing and checking against the config schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.config import TaskOptions, load_config
+from pipelines.sweep import Param, SweepError, load_space, yaml_scalar
+
+
+class DemoOptions(TaskOptions):
+    doc_stride: int = 128
+    label_all_tokens: bool = False
+
+
+def options_for(name: str) -> type[TaskOptions]:
+    if name not in ("demo", "classification"):
+        raise KeyError(f"unknown task {name!r}")
+    return DemoOptions
+
+
+BASE = """task: demo
+output_dir: runs/x
+data:
+  path: some/dataset
+"""
+
+
+def space_of(tmp_path: Path, text: str | None, *overrides: str, base: str = BASE) -> list[Param]:
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(base)
+    config = load_config(config_path, list(overrides), options_for)
+    space_path = None
+    if text is not None:
+        space_path = tmp_path / "space.yaml"
+        space_path.write_text(text)
+    return load_space(space_path, config, config_path=config_path, overrides=list(overrides), options_for=options_for)
+
+
+def test_sweep_space_reads_every_distribution(tmp_path):
+    params = space_of(tmp_path, """
+train.learning_rate: {log_uniform: [1e-5, 5.0e-4]}
+train.batch_size: {choice: [16, 32]}
+train.warmup_fraction: {uniform: [0, 0.2], step: 0.05}
+train.num_epochs: {int: [1, 4]}
+train.gradient_accumulation_steps: {log_int: [1, 8]}
+demo.doc_stride: {int: [64, 256], step: 64}
+model.architecture.num_hidden_layers: {int: [2, 6]}
+""")
+    by_key = {param.key: param for param in params}
+    # 1e-5 without a dot is a string to PyYAML; the space reads it as the number meant.
+    assert by_key["train.learning_rate"] == Param("train.learning_rate", "log_uniform", 1e-5, 5e-4)
+    assert by_key["train.batch_size"].choices == (16, 32)
+    assert by_key["train.warmup_fraction"].step == 0.05
+    assert by_key["demo.doc_stride"] == Param("demo.doc_stride", "int", 64, 256, 64)
+    assert by_key["train.gradient_accumulation_steps"].kind == "log_int"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("train.learnig_rate: {log_uniform: [1.0e-5, 1.0e-3]}", "unknown key 'train.learnig_rate'; did you mean 'train.learning_rate'"),
+    ("trian.learning_rate: {log_uniform: [1.0e-5, 1.0e-3]}", "unknown key 'trian.learning_rate'; did you mean 'train'"),
+    ("demo.stride: {int: [1, 4]}", "unknown key 'demo.stride'; did you mean 'demo.doc_stride'"),
+    ("train.lr_scheduler: {uniform: [0, 1]}", "'train.lr_scheduler' takes one of 'linear', 'cosine', 'constant', so a uniform"),
+    ("data.text_column: {int: [0, 3]}", "'data.text_column' takes null or str, so an int distribution cannot search it; use choice"),
+    ("train.batch_size: {uniform: [8, 32]}", "'train.batch_size' takes int, so a uniform distribution cannot search it; use int"),
+    ("train.batch_size: {choice: []}", "train.batch_size: choice needs a non-empty list"),
+    ("train.batch_size: {choice: [8, 8]}", "choice lists a value twice"),
+    ("train.batch_size: 16", "train.batch_size: expected one distribution"),
+    ("train.learning_rate: {log_uniform: [1.0e-3, 1.0e-5]}", "needs low < high"),
+    ("train.learning_rate: {log_uniform: [0, 1.0e-3]}", "needs a positive low bound"),
+    ("train.num_epochs: {int: [1, 2.5]}", "int needs whole-number bounds"),
+    ("train.warmup_fraction: {uniform: [0, 1]}", "train.warmup_fraction=1 (uniform [0, 1]) is not a valid config"),
+    ("train.lr_scheduler: {choice: [linear, bogus]}", "Input should be 'linear', 'cosine' or 'constant' (got 'bogus')"),
+    ("train: {uniform: [0, 1]}", "'train' is a config section"),
+    ("train.learning_rate: {uniform: [0.1, 0.2], choice: [1]}", "one distribution per key"),
+    ("{}", "the search space is empty"),
+])
+def test_sweep_space_bad_input_names_key_and_file(tmp_path, text, expected):
+    with pytest.raises(SweepError) as raised:
+        space_of(tmp_path, text)
+    assert expected in str(raised.value)
+    assert str(tmp_path / "space.yaml") in str(raised.value)
+
+
+def test_sweep_space_key_also_fixed_on_command_line_is_an_error(tmp_path):
+    with pytest.raises(SweepError, match="train.learning_rate is searched here but also fixed on the command line"):
+        space_of(tmp_path, "train.learning_rate: {log_uniform: [1.0e-5, 1.0e-3]}", "train.learning_rate=0.001")
+
+
+def test_sweep_default_space_per_task_and_without_epochs_under_max_steps(tmp_path):
+    base = BASE.replace("task: demo", "task: classification")
+    keys = [param.key for param in space_of(tmp_path, None, base=base)]
+    assert keys == ["train.learning_rate", "train.batch_size", "train.warmup_fraction", "train.num_epochs"]
+    keys = [param.key for param in space_of(tmp_path, None, "train.max_steps=50", base=base)]
+    assert "train.num_epochs" not in keys and "train.learning_rate" in keys
+
+
+@pytest.mark.parametrize("value", [1e-05, 3.0e-4, 16, 0.0, "linear", True, None, "1e-5"])
+def test_sweep_yaml_scalar_reads_back_as_the_same_value(value):
+    assert yaml.safe_load(yaml_scalar(value)) == value
