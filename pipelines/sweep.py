@@ -238,7 +238,7 @@ def _check_against_schema(param: Param, source: str, task_name: str, options_cls
     if not accepted & wanted:
         advice = "use int for a whole-number key" if int in accepted else "use choice for a non-numeric key"
         raise SweepError(
-            f"{source}: {param.key!r} takes {_describe_type(accepted)}, so {"an" if param.kind == "int" else "a"} {param.kind} distribution cannot search it; {advice}"
+            f"{source}: {param.key!r} takes {_describe_type(accepted)}, so {'an' if param.kind == 'int' else 'a'} {param.kind} distribution cannot search it; {advice}"
         )
 
 
