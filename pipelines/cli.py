@@ -5,7 +5,9 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY
      ``bertpipe merge RUN_DIR [--out DIR]`` (adapter -> full model),
      ``bertpipe publish RUN_DIR --repo-id OWNER/NAME [--private|--public] [--revision BRANCH]
      [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
-     ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]`` and the tool commands.
+     ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]``,
+     ``bertpipe sweep CONFIG --trials N [--space SPACE.yaml] [--study NAME] [--storage URL] [--workers K]
+     [--timeout S] [--pruner none|median|hyperband] [KEY=VALUE ...]`` and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
      (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
 
@@ -103,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--merged", action="store_true", help="publish RUN_DIR/merged (a full model) instead of the adapter")
     publish.add_argument("--dry-run", action="store_true", help="write the folder that would be uploaded to --out and list it")
     publish.add_argument("--out", help="with --dry-run: the folder to write")
+    sweep = commands.add_parser("sweep", help="hyperparameter search with Optuna: resumable, parallel, one machine or many")
+    sweep.add_argument("config", help="YAML task config; its output_dir receives trials/, sweep.md, best.yaml and the plots")
+    sweep.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides fixed for every trial")
+    sweep.add_argument("--trials", type=int, required=True, help="finished (complete or pruned) trials the study should hold")
+    sweep.add_argument("--space", help="search-space YAML: dotted key -> {uniform|log_uniform|int|log_int|choice: ...} (default: the task's)")
+    sweep.add_argument("--study", help="study name (default: the name of output_dir)")
+    sweep.add_argument("--storage", help="Optuna storage URL shared by workers on many machines, e.g. postgresql://... "
+                                         "(default: a journal file in output_dir)")
+    sweep.add_argument("--workers", type=int, default=1, help="worker processes here, each with its share of the cores")
+    sweep.add_argument("--timeout", type=float, help="start no new trial after this many seconds")
+    sweep.add_argument("--pruner", default="median", choices=["none", "median", "hyperband"],
+                       help="stop hopeless trials at an evaluation (default median; needs train.eval_steps)")
     return parser
 
 
@@ -142,6 +156,18 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         )
         print(result["table"])
         print(f"wrote {result['output_dir']}/benchmark.md and benchmark.json")
+    elif args.command == "sweep":
+        from pipelines.sweep import run_sweep
+
+        result = run_sweep(
+            args.config, args.overrides, get_task, trials=args.trials, space_path=args.space, study_name=args.study,
+            storage=args.storage, workers=args.workers, timeout=args.timeout, pruner=args.pruner,
+        )
+        print(result["table"])
+        print(f"wrote {result['report']}" + (f" and {result['best_config']}" if result["best_config"] else ""))
+        if result["dead_workers"]:
+            print("; ".join(result["dead_workers"]) + ": rerun the same command to continue the study", file=sys.stderr)
+            return 1
     elif args.command == "convert-bert":
         from models.convert import convert_bert
 

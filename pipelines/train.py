@@ -18,7 +18,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from accelerate.utils import set_seed
@@ -60,7 +60,15 @@ def _flat_config(config: RunConfig) -> dict[str, Any]:
     return flat
 
 
-def train(config: RunConfig, task: Task) -> dict[str, float]:
+def train(
+    config: RunConfig, task: Task, *, on_evaluate: Callable[[int, dict[str, float]], bool] | None = None
+) -> dict[str, float]:
+    """Train ``config`` with ``task``; returns the final metrics (also written to ``metrics.json``).
+
+    ``on_evaluate(step, metrics)`` is called after each scheduled evaluation (not the final one);
+    returning True stops training there, as early stopping does. It is how a caller watches a run
+    without the loop knowing why, e.g. a hyperparameter search pruning a hopeless trial.
+    """
     outputs.check_output_dir(config)
     accelerator = build_accelerator(config)
     set_seed(config.seed)
@@ -190,6 +198,8 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
                 log(metrics)
                 if metric_name:
                     stop_early = _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir)
+                if on_evaluate is not None and on_evaluate(state.global_step, metrics):
+                    stop_early = True
             if config.train.save_steps and state.global_step % config.train.save_steps == 0:
                 save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit)
             if state.global_step >= plan.total_updates or stop_early:

@@ -101,3 +101,48 @@ def test_sweep_default_space_per_task_and_without_epochs_under_max_steps(tmp_pat
 @pytest.mark.parametrize("value", [1e-05, 3.0e-4, 16, 0.0, "linear", True, None, "1e-5"])
 def test_sweep_yaml_scalar_reads_back_as_the_same_value(value):
     assert yaml.safe_load(yaml_scalar(value)) == value
+
+
+def test_sweep_fail_dead_trials_marks_only_trials_of_dead_local_workers():
+    import subprocess
+    import sys
+
+    import optuna
+
+    from pipelines.sweep import HOST, _worker_identity, fail_dead_trials
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(finished.stdout)
+    study = optuna.create_study(direction="maximize")
+    alive, dead, elsewhere, reused = (study.ask() for _ in range(4))
+    alive.set_user_attr("worker", _worker_identity())
+    dead.set_user_attr("worker", {"host": HOST, "pid": dead_pid, "process_started": 0.0})
+    elsewhere.set_user_attr("worker", {"host": HOST + "-other", "pid": dead_pid, "process_started": 0.0})
+    # This process's pid with another start time: a later process that reuses a dead worker's pid.
+    reused.set_user_attr("worker", {**_worker_identity(), "process_started": 1.0})
+    assert fail_dead_trials(study) == [dead.number, reused.number]
+    states = {trial.number: trial.state.name for trial in study.get_trials()}
+    assert states == {alive.number: "RUNNING", dead.number: "FAIL", elsewhere.number: "RUNNING", reused.number: "FAIL"}
+
+
+def test_sweep_report_sorts_complete_then_pruned_by_objective(tmp_path):
+    import optuna
+
+    from pipelines.sweep import SweepPlan, write_report
+
+    params = (Param("train.learning_rate", "log_uniform", 1e-5, 1e-3),)
+    plan = SweepPlan(config_path="unused.yaml", overrides=(), params=params, metric="eval_loss", direction="minimize",
+                     trials=4, output_dir=str(tmp_path), study_name="demo", storage="memory", pruner="median", seed=0, deadline=None)
+    study = optuna.create_study(direction="minimize")
+    for value, state in [(0.5, "COMPLETE"), (0.9, "PRUNED"), (0.3, "COMPLETE"), (0.7, "PRUNED"), (None, "FAIL")]:
+        trial = study.ask({"train.learning_rate": optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True)})
+        if value is not None:
+            trial.report(value, 8)
+        study.tell(trial, value if state == "COMPLETE" else None, state=optuna.trial.TrialState[state])
+    report = write_report(study, plan)
+    rows = [line.split(" | ") for line in report["table"].splitlines()[2:]]
+    assert [(row[1], row[2]) for row in rows] == [("2", "COMPLETE"), ("0", "COMPLETE"), ("3", "PRUNED"), ("1", "PRUNED"), ("4", "FAIL")]
+    assert rows[2][3] == "0.7000 (at step 8)"
+    assert (report["complete"], report["pruned"], report["failed"], report["best_trial"]) == (2, 2, 1, 2)
+    text = (tmp_path / "sweep.md").read_text()
+    assert "2 finished of 4 asked" not in text and "4 finished of 4 asked (2 complete, 2 pruned), 1 failed" in text
