@@ -1,0 +1,152 @@
+"""``bertpipe sweep`` end to end on the tiny model: pruning, workers, kill -9 and rerun, best.yaml, bad spaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli
+
+optuna = pytest.importorskip("optuna")
+
+# 24 updates with an evaluation every 8: a trial takes about a second, and the pruner sees it twice
+# before the end. Precision pinned: auto is bf16 on some CPUs and fp32 on others.
+TRAIN = dict(max_steps=24, eval_steps=8, mixed_precision="no")
+# One learning rate learns the cue words within 8 updates, the other cannot learn at all: the median
+# pruner (one finished trial before it starts pruning in a 4-trial sweep) stops the second kind.
+SPACE = """train.learning_rate: {choice: [3.0e-3, 1.0e-7]}
+train.warmup_fraction: {uniform: [0.0, 0.2]}
+"""
+FINISHED = ("COMPLETE", "PRUNED")
+
+
+def sweep_config(tmp_path: Path, tiny_bert, sentiment_files, name: str) -> tuple[Path, Path]:
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name=name, **TRAIN)
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    return config, space
+
+
+def study_trials(output_dir: Path):
+    from pipelines.sweep import JOURNAL_FILE, open_storage
+
+    study = optuna.load_study(study_name=output_dir.name, storage=open_storage(str(output_dir / JOURNAL_FILE)))
+    return study.get_trials(deepcopy=False)
+
+
+def trial_records(output_dir: Path) -> dict[str, dict]:
+    return {folder.name: json.loads((folder / "trial.json").read_text()) for folder in sorted((output_dir / "trials").iterdir())}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, tiny_bert, sentiment_files):
+    tmp_path = tmp_path_factory.mktemp("sweep")
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "sweep")
+    result = run_cli("sweep", str(config), "--trials", "4", "--space", str(space), "--pruner", "median")
+    return tmp_path / "sweep", result
+
+
+def test_cli_sweep_prunes_a_hopeless_trial_and_reports(sweep):
+    output_dir, result = sweep
+    records = trial_records(output_dir)
+    assert sorted(records) == ["0000", "0001", "0002", "0003"]
+    states = {name: record["state"] for name, record in records.items()}
+    assert set(states.values()) <= set(FINISHED) and "PRUNED" in states.values() and "COMPLETE" in states.values()
+    for name, record in records.items():
+        run_dir = output_dir / "trials" / name
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        # The trial's values are in its resolved config, and the run is an ordinary run directory.
+        assert saved["train"]["learning_rate"] == record["params"]["train.learning_rate"]
+        assert saved["train"]["warmup_fraction"] == record["params"]["train.warmup_fraction"]
+        assert (run_dir / "metrics.json").is_file() and (run_dir / "model.safetensors").is_file()
+        if record["state"] == "PRUNED":
+            assert record["params"]["train.learning_rate"] == 1e-7
+            assert record["pruned_at_step"] < 24 and json.loads((run_dir / "metrics.json").read_text())["global_step"] < 24
+    assert {trial.state.name for trial in study_trials(output_dir)} <= set(FINISHED)
+
+    report = (output_dir / "sweep.md").read_text()
+    assert "4 finished of 4 asked" in report and "| rank | trial |" in result.stdout
+    rows = [line for line in report.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 4
+    complete_values = [float(row.split(" | ")[3]) for row in rows if "COMPLETE" in row]
+    assert complete_values == sorted(complete_values, reverse=True)
+    assert [row.split(" | ")[2] for row in rows] == sorted((row.split(" | ")[2] for row in rows), key=FINISHED.index)
+    for plot in ("optimization_history.png", "param_importances.png", "slice_train.learning_rate.png", "slice_train.warmup_fraction.png"):
+        assert (output_dir / plot).stat().st_size > 1000, plot
+
+
+def test_cli_sweep_best_yaml_reproduces_its_trial(sweep):
+    output_dir, _ = sweep
+    best_yaml = output_dir / "best.yaml"
+    assert best_yaml.read_text().startswith(f"# Run:  bertpipe train {best_yaml}")
+    complete = {name: record for name, record in trial_records(output_dir).items() if record["state"] == "COMPLETE"}
+    best_name = max(complete, key=lambda name: (complete[name]["eval_accuracy"], -int(name)))
+    run_cli("train", str(best_yaml))
+    expected = json.loads((output_dir / "trials" / best_name / "metrics.json").read_text())
+    reproduced = json.loads((output_dir / "best" / "metrics.json").read_text())
+    for key in [key for key in expected if key.startswith(("eval_", "train_loss", "global_step")) and key != "eval_runtime"]:
+        assert reproduced[key] == expected[key], key
+
+
+def test_cli_sweep_two_workers_share_one_journal(tmp_path, tiny_bert, sentiment_files):
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "workers")
+    run_cli("sweep", str(config), "--trials", "4", "--space", str(space), "--workers", "2")
+    trials = study_trials(tmp_path / "workers")
+    assert sorted(trial.number for trial in trials) == [0, 1, 2, 3]
+    assert all(trial.state.name in FINISHED for trial in trials)
+    assert len({trial.user_attrs["worker"]["pid"] for trial in trials}) == 2, "both workers ran trials"
+    assert sorted(trial_records(tmp_path / "workers")) == ["0000", "0001", "0002", "0003"]
+    # Each worker got half of the cores.
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert all(f"train.torch_num_threads={share}" in record["pinned"] for record in trial_records(tmp_path / "workers").values())
+
+
+# The sweep kills its own process group with SIGKILL at trial 1's first evaluation: mid-trial, no cleanup.
+KILL_DURING_TRIAL_1 = """
+import os, signal, sys
+import pipelines.outputs as outputs
+write = outputs.StepLog.write
+def write_then_die(self, record):
+    write(self, record)
+    if self.path.parent.name == "0001" and "eval_accuracy" in record:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+outputs.StepLog.write = write_then_die
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_sweep_killed_mid_trial_continues_on_rerun(tmp_path, tiny_bert, sentiment_files):
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "killed")
+    args = ["sweep", str(config), "--trials", "3", "--space", str(space), "--pruner", "none"]
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_TRIAL_1, *args], cwd=REPO_ROOT, env=cli_env(),
+                            capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    dead_dir = tmp_path / "killed" / "trials" / "0001"
+    before = {path.name: path.read_bytes() for path in dead_dir.iterdir()}
+    assert json.loads(before["trial.json"])["state"] == "RUNNING" and "metrics.json" not in before
+
+    result = run_cli(*args)
+    assert "trial 1: its worker process is gone; marked failed" in result.stdout
+    trials = study_trials(tmp_path / "killed")
+    assert sum(trial.state.name in FINISHED for trial in trials) == 3
+    assert {trial.number: trial.state.name for trial in trials}[1] == "FAIL"
+    # One directory per trial number, the dead trial's left byte for byte as it was.
+    assert sorted(trial_records(tmp_path / "killed")) == [f"{trial.number:04d}" for trial in trials]
+    assert {path.name: path.read_bytes() for path in dead_dir.iterdir()} == before
+
+
+def test_cli_sweep_bad_space_is_exit_2_naming_key_and_file(tmp_path, tiny_bert, sentiment_files):
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "bad")
+    space.write_text("train.learning_rate: {log_uniform: [1.0e-5, 1.0e-3]}\ntrain.lr_scheduler: {uniform: [0, 1]}\n")
+    result = run_cli("sweep", str(config), "--trials", "2", "--space", str(space), check=False)
+    assert result.returncode == 2
+    assert "'train.lr_scheduler' takes one of 'linear', 'cosine', 'constant'" in result.stderr and str(space) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "bad").exists(), "nothing is written before the space is valid"
