@@ -343,8 +343,7 @@ def open_storage(storage: str):
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
     Path(storage).parent.mkdir(parents=True, exist_ok=True)
-    # The open lock (O_EXCL lock file) works on every file system, NFS included, for processes on
-    # one machine or several sharing the folder.
+    # The open lock (an O_EXCL lock file) also works where symlinks do not, e.g. some network file systems.
     return optuna.storages.JournalStorage(JournalFileBackend(storage, lock_obj=JournalFileOpenLock(storage)))
 
 
