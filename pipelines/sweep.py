@@ -325,6 +325,8 @@ class SweepPlan:
     pruner: str
     seed: int
     deadline: float | None
+    first_report: int = 1
+    """Examples seen at the first evaluation of the config as given (the Optuna step unit)."""
 
     @property
     def trials_dir(self) -> Path:
@@ -347,14 +349,16 @@ def open_storage(storage: str):
     return optuna.storages.JournalStorage(JournalFileBackend(storage, lock_obj=JournalFileOpenLock(storage)))
 
 
-def make_pruner(name: str, trials: int):
+def make_pruner(name: str, trials: int, first_report: int = 1):
+    """An Optuna pruner; ``first_report`` is the examples seen at a trial's first evaluation."""
     if name == "none":
         return optuna.pruners.NopPruner()
     if name == "median":
         # Optuna's default (5 finished trials before pruning starts) would never prune a short sweep.
         return optuna.pruners.MedianPruner(n_startup_trials=max(1, min(5, trials // 4)))
     if name == "hyperband":
-        return optuna.pruners.HyperbandPruner()
+        # Rungs below the first evaluation would only add brackets that never see a report.
+        return optuna.pruners.HyperbandPruner(min_resource=max(1, first_report))
     raise SweepError(f"--pruner {name!r}: choose one of {', '.join(PRUNERS)}")
 
 
@@ -395,8 +399,8 @@ def run_sweep(
         config_path=str(config_path), overrides=tuple(_pins(base, overrides, workers)), params=tuple(params),
         metric=metric, direction="maximize" if maximize else "minimize", trials=trials, output_dir=str(output_dir),
         study_name=study_name or output_dir.name, storage=storage or str(output_dir / JOURNAL_FILE),
-        pruner=pruner, seed=base.seed,
-        deadline=time.time() + timeout if timeout else None,
+        pruner=pruner, seed=base.seed, deadline=time.time() + timeout if timeout else None,
+        first_report=(base.train.eval_steps or 1) * base.train.batch_size * base.train.gradient_accumulation_steps,
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -541,7 +545,7 @@ def work(plan: SweepPlan, get_task: TaskLookup, index: int) -> None:
     # would propose the same values again.
     seed = int(np.random.SeedSequence([plan.seed, index, len(study.get_trials(deepcopy=False))]).generate_state(1)[0])
     study.sampler = optuna.samplers.TPESampler(seed=seed)
-    study.pruner = make_pruner(plan.pruner, plan.trials)
+    study.pruner = make_pruner(plan.pruner, plan.trials, plan.first_report)
     plan.trials_dir.mkdir(parents=True, exist_ok=True)
     lock_path = Path(plan.output_dir) / LOCK_FILE
     while plan.deadline is None or time.time() < plan.deadline:
@@ -605,10 +609,13 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
     write_json(run_dir / TRIAL_FILE, record)
 
     pruned_at: list[tuple[int, float]] = []
+    # Pruners compare trials at equal Optuna steps. Counting examples trained on rather than updates
+    # keeps a batch-32 trial from being judged against batch-16 trials that have seen half the data.
+    examples_per_update = config.train.batch_size * config.train.gradient_accumulation_steps
 
     def on_evaluate(step: int, metrics: dict[str, float]) -> bool:
         value = _objective_value(metrics, plan.metric)
-        trial.report(value, step)
+        trial.report(value, step * examples_per_update)
         if trial.should_prune():
             pruned_at.append((step, value))
             return True
@@ -626,6 +633,7 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
     seconds = round(time.perf_counter() - started, 1)
     if pruned_at:
         step, last = pruned_at[-1]
+        trial.set_user_attr("pruned_at_step", step)
         write_json(run_dir / TRIAL_FILE, {**record, "state": "PRUNED", "pruned_at_step": step, plan.metric: last,
                                           "pruner": plan.pruner, "seconds": seconds})
         print(f"trial {trial.number}: pruned at step {step} ({plan.metric}={last:.4f}, {seconds} s) {run_dir}", flush=True)
@@ -677,12 +685,11 @@ def write_report(study, plan: SweepPlan, wall_seconds: float | None = None, opti
     for rank, trial in enumerate(sorted(trials, key=order), start=1):
         value = _shown_value(trial)
         shown = "" if value is None else f"{value:.4f}"
-        if trial.state == State.PRUNED and trial.intermediate_values:
-            shown += f" (at step {max(trial.intermediate_values)})"
+        pruned_at_step = trial.user_attrs.get("pruned_at_step", "") if trial.state == State.PRUNED else ""
+        if pruned_at_step != "":
+            shown += f" (at step {pruned_at_step})"
         seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete and trial.datetime_start else None
-        steps = max(trial.intermediate_values) if trial.state == State.PRUNED and trial.intermediate_values else ""
-        if trial.state == State.COMPLETE:
-            steps = _global_step(trial)
+        steps = _global_step(trial) if trial.state == State.COMPLETE else pruned_at_step
         rows.append([
             str(rank), str(trial.number), trial.state.name, shown, *(_format_param(trial.params.get(key)) for key in keys),
             str(steps), "" if seconds is None else f"{seconds:.1f}", trial.user_attrs.get("run_dir", ""),

@@ -68,7 +68,10 @@ def test_cli_sweep_prunes_a_hopeless_trial_and_reports(sweep):
         if record["state"] == "PRUNED":
             assert record["params"]["train.learning_rate"] == 1e-7
             assert record["pruned_at_step"] < 24 and json.loads((run_dir / "metrics.json").read_text())["global_step"] < 24
-    assert {trial.state.name for trial in study_trials(output_dir)} <= set(FINISHED)
+    trials = study_trials(output_dir)
+    assert {trial.state.name for trial in trials} <= set(FINISHED)
+    # Reported at the evaluations of steps 8 and 16 (not the final one), keyed by examples seen (batch 8).
+    assert all(set(trial.intermediate_values) == {64, 128} for trial in trials if trial.state.name == "COMPLETE")
 
     report = (output_dir / "sweep.md").read_text()
     assert "4 finished of 4 asked" in report and "| rank | trial |" in result.stdout

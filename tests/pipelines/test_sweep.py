@@ -137,7 +137,9 @@ def test_sweep_report_sorts_complete_then_pruned_by_objective(tmp_path):
     for value, state in [(0.5, "COMPLETE"), (0.9, "PRUNED"), (0.3, "COMPLETE"), (0.7, "PRUNED"), (None, "FAIL")]:
         trial = study.ask({"train.learning_rate": optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True)})
         if value is not None:
-            trial.report(value, 8)
+            trial.report(value, 64)  # examples seen, the sweep's Optuna step
+        if state == "PRUNED":
+            trial.set_user_attr("pruned_at_step", 8)
         study.tell(trial, value if state == "COMPLETE" else None, state=optuna.trial.TrialState[state])
     report = write_report(study, plan)
     rows = [line.split(" | ") for line in report["table"].splitlines()[2:]]
