@@ -12,6 +12,8 @@ hand the result to :func:`finalize_splits` so that sampling and checks stay in o
 from __future__ import annotations
 
 import codecs
+import json
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -21,10 +23,13 @@ from datasets import Dataset, DatasetDict
 from datasets.exceptions import DatasetGenerationError
 
 from pipelines.config import DataConfig
+from pipelines.errors import UserError, describe, failures_named
 from pipelines.hub import resolve_dataset
 
+logger = logging.getLogger(__name__)
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """Input data that cannot be used as configured; the message names the file/split/column."""
 
 
@@ -153,8 +158,67 @@ def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label
         options["encoding"] = encoding
     data_files = {split: _as_list(paths) for split, paths in files.items()}
     paths_by_label = {label + split: paths for split, paths in data_files.items()}
-    with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
-        return datasets.load_dataset(builder, data_files=data_files, **options)
+    try:
+        with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
+            return datasets.load_dataset(builder, data_files=data_files, **options)
+    except UserError:
+        raise
+    except Exception as error:  # whatever the builder raised: find the file (and line) that caused it
+        raise _blame_file(error, builder, options, paths_by_label, encoding) from error
+
+
+def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: dict[str, list[str]], encoding: str) -> DataError:
+    """A DataError naming the file (and line) that made a multi-file load fail.
+
+    Runs only after a failure. Each file is checked on its own: first for the common shapes of bad
+    input (empty, header only, a line that is not JSON), then by loading it alone, which catches
+    whatever else the reader rejects (a ragged csv row, ...). When every file loads alone, the
+    files disagree with each other, which ``datasets`` reports without naming them: their columns
+    are listed side by side.
+    """
+    columns: dict[str, list[str]] = {}
+    for label, paths in paths_by_label.items():
+        for path in paths:
+            problem = _file_shape_problem(Path(path), builder, encoding)
+            if problem:
+                return DataError(f"{label}: {path}{problem}")
+            try:
+                alone = datasets.load_dataset(builder, data_files={"alone": [path]}, **options)["alone"]
+            except Exception as alone_error:
+                return DataError(f"{label}: {path} cannot be read as {builder}: {describe(alone_error)}")
+            columns[f"{label} ({path})"] = alone.column_names
+    if len({tuple(sorted(names)) for names in columns.values()}) > 1:
+        listed = "; ".join(f"{where}: {names}" for where, names in columns.items())
+        return DataError(f"the data files have different columns; every file needs the same ones: {listed}")
+    return DataError(f"{', '.join(paths_by_label)}: the files cannot be read as {builder}: {describe(error)}")
+
+
+def _file_shape_problem(path: Path, builder: str, encoding: str) -> str | None:
+    """`` is empty``, `` line N: ...`` and the like for a file the reader will reject; else None."""
+    if builder == "parquet":
+        return None
+    try:
+        text = path.read_text(encoding=encoding)
+    except (OSError, UnicodeError):
+        return None  # loading the file alone reports it
+    if not text.strip():
+        return " is empty (no examples)"
+    if builder == "csv" and sum(1 for line in text.splitlines() if line.strip()) < 2:
+        return " holds a header but no rows"
+    if builder == "json":
+        try:
+            json.loads(text)
+            return None  # one JSON document: the reader's own message will say what it dislikes
+        except json.JSONDecodeError:
+            pass
+        for number, line in json_lines(text):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                return f", line {number}: not valid JSON ({error.msg} at column {error.colno})"
+            if not isinstance(record, dict):
+                return f", line {number}: a JSON-lines record must be an object, got {type(record).__name__}"
+    return None
 
 
 def load_raw(data: DataConfig) -> DatasetDict:
@@ -163,7 +227,9 @@ def load_raw(data: DataConfig) -> DatasetDict:
         check_files_exist(data.files)
         return _load_local_files(data.files, data.encoding, label="data.files.")
     source = resolve_dataset(data.path)
-    return datasets.load_dataset(source, data.name)
+    where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
+    with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
+        return datasets.load_dataset(source, data.name)
 
 
 def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train: bool = True) -> DatasetDict:
@@ -183,8 +249,41 @@ def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train
             raw[split] = raw[split].select(range(limit))
     for split in wanted:
         if len(raw[split]) == 0:
-            raise DataError(f"split {split!r} is empty")
+            raise DataError(f"split {split!r} is empty ({split_source(data, split)})")
     return DatasetDict({split: raw[split] for split in wanted})
+
+
+def split_source(data: DataConfig, split: str) -> str:
+    """Where a split's rows come from, for messages: ``data.files.train: a.csv`` or ``data.path=...``."""
+    if data.files and split in data.files:
+        return f"data.files.{split}: {', '.join(_as_list(data.files[split]))}"
+    if data.files and split == data.eval_split and data.validation_fraction:
+        return f"held out of data.files.{data.train_split} by data.validation_fraction"
+    return f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
+
+
+def _is_empty(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def require_values(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
+    """Every row holds a value in each column, or a DataError names split, source, row and column.
+
+    ``datasets`` reads an empty csv cell, a JSON null and a key missing from some rows all as None,
+    which would otherwise become the label ``"None"`` or an empty text. Rows count from 1 (csv: the
+    row after the header is row 1). A column empty in every row is reported as missing, since that is
+    what a file without the column looks like once ``datasets`` has unified the splits' columns.
+    """
+    for column in columns:
+        if column is None or column not in split.column_names:
+            continue
+        empty = [index for index, value in enumerate(split[column]) if _is_empty(value)]
+        if not empty:
+            continue
+        if len(empty) == len(split):
+            raise DataError(f"split {split_name!r} ({source}) has no {column!r} column, or every {column!r} cell is empty")
+        rows = ", ".join(str(index + 1) for index in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        raise DataError(f"split {split_name!r} ({source}), row {rows}: empty {column!r} cell (rows count from 1)")
 
 
 def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str) -> None:
@@ -207,6 +306,17 @@ def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
     loaded = _load_local_files({"input": str(path)}, encoding, label="")["input"]
+    if builder_for_files({"input": str(path)})[0] == "text":
+        # A txt input is one example per line; a blank line (a paragraph break, the end of a file)
+        # is not an example, so it gets no prediction rather than a prediction for "".
+        blank = [index for index, text in enumerate(loaded["text"]) if not text.strip()]
+        if blank:
+            logger.warning(
+                "%s: skipped %d blank line(s) (line %s%s); the output has one row per non-blank line",
+                path, len(blank), ", ".join(str(index + 1) for index in blank[:5]), " ..." if len(blank) > 5 else "",
+            )
+            drop = set(blank)
+            loaded = loaded.select([index for index in range(len(loaded)) if index not in drop])
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")
     return loaded

@@ -28,17 +28,28 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 import models  # noqa: F401  registers bertpipe's own BERT/Transformer with the Auto classes
 from pipelines.config import ModelConfig, PeftConfig
+from pipelines.errors import UserError, failures_named
 from pipelines.hub import resolve_model
 
 logger = logging.getLogger(__name__)
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A model or tokenizer that cannot serve the configured task."""
 
 
+def _named_source(name_or_path: str, key: str) -> str:
+    """How a message names a model source: a finished run by its folder, else by the key that set it."""
+    if (Path(name_or_path) / "config.yaml").is_file() and (Path(name_or_path) / "metrics.json").is_file():
+        return f"run directory {name_or_path}"
+    return f"{key}={name_or_path}"
+
+
 def load_tokenizer(name_or_path: str, revision: str | None = None) -> PreTrainedTokenizerBase:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path), revision=revision)
+    location = resolve_model(name_or_path)
+    where = _named_source(name_or_path, "model.tokenizer_name_or_path (or model.name_or_path)")
+    with failures_named(ModelError, f"{where}: cannot load a tokenizer from {location}"):
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
     if not tokenizer.is_fast:
         raise ModelError(f"tokenizer of {name_or_path!r} is not a fast tokenizer; bertpipe needs offsets and word_ids()")
     return tokenizer
@@ -82,6 +93,12 @@ def load_model(
         return auto_class.from_config(config)
 
     location = model_path or resolve_model(source)
+    where = f"run directory {model_path}" if model_path is not None else f"model.name_or_path={source}"
+    with failures_named(ModelError, f"{where}: cannot load the model from {location}"):
+        return _load_pretrained(auto_class, model, location, source, model_path=model_path, label_maps=label_maps, extra=extra)
+
+
+def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str, *, model_path, label_maps, extra) -> PreTrainedModel:
     if is_adapter_dir(location):
         # Evaluating an adapter run keeps the PeftModel; training from one starts from the merged model.
         adapted = load_adapter_model(auto_class, location, revision=model.revision)
@@ -105,6 +122,32 @@ def load_model(
     initialized = [*loading_info.get("missing_keys", ()), *loading_info.get("mismatched_keys", ())]
     loaded.bertpipe_initialized_keys = sorted({key[0] if isinstance(key, tuple) else key for key in initialized})
     return loaded
+
+
+# Models whose position ids start after the padding index (fairseq's convention): two of their
+# max_position_embeddings are never usable by tokens.
+_POSITION_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl", "data2vec-text"}
+
+
+def check_sequence_length(config: PretrainedConfig, max_seq_length: int, *, source: str | None) -> None:
+    """Refuse ``data.max_seq_length`` beyond the model's learned positions before any training.
+
+    A longer batch would otherwise index past the position-embedding table mid-training, the first
+    time a long enough example comes along. Models without a learned table (T5's relative
+    positions) have no such limit.
+    """
+    encoder = getattr(config, "encoder", None) if config.model_type == "encoder-decoder" else config
+    positions = getattr(encoder, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return
+    offset = (encoder.pad_token_id or 0) + 1 if encoder.model_type in _POSITION_OFFSET_TYPES else 0
+    usable = positions - offset
+    if max_seq_length > usable:
+        origin = f"model.name_or_path={source}" if source else "model.architecture"
+        raise ModelError(
+            f"data.max_seq_length={max_seq_length} is longer than the model's {usable} positions "
+            f"(max_position_embeddings={positions} in the config of {origin}); set data.max_seq_length to at most {usable}"
+        )
 
 
 def _head_labels_differ(config: PretrainedConfig, label_maps: dict[str, Any]) -> bool:

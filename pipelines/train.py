@@ -27,11 +27,13 @@ from tqdm.auto import tqdm
 from pipelines import outputs
 from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
-from pipelines.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
+from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import RunConfig
+from pipelines.errors import failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
-    MERGED_DIR, apply_peft, base_model_id, count_parameters, is_peft_model, save_adapter_run, save_merged_model,
+    MERGED_DIR, apply_peft, base_model_id, check_sequence_length, count_parameters, is_peft_model, save_adapter_run,
+    save_merged_model,
 )
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
 from pipelines.runtime import build_accelerator
@@ -61,16 +63,17 @@ def _flat_config(config: RunConfig) -> dict[str, Any]:
 
 
 def train(config: RunConfig, task: Task) -> dict[str, float]:
-    outputs.check_output_dir(config)
+    # Everything that can refuse the run is checked before anything in output_dir changes: the folder
+    # rules, the resume settings, then data, tokenizer, model, sequence length and the checkpoint's
+    # tensors. Only then is an old run replaced (overwrite=true) and the new config written.
+    replace_old_run = outputs.check_output_dir(config)
+    run_dir = Path(config.output_dir)
+    resume_folder = None
+    if config.train.resume_from_checkpoint:
+        resume_folder = find_checkpoint(config.train.resume_from_checkpoint, run_dir)
+        check_resume_config(resume_folder, config.to_yaml_dict())
     accelerator = build_accelerator(config)
     set_seed(config.seed)
-    run_dir = Path(config.output_dir)
-    if accelerator.is_main_process:
-        if config.overwrite and not config.train.resume_from_checkpoint and run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        outputs.save_config(config, run_dir)
-    accelerator.wait_for_everyone()
 
     # Data: the main process tokenises first and fills the datasets cache; the others read it.
     with accelerator.main_process_first():
@@ -81,6 +84,8 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         eval_features = task.preprocess(eval_examples, train=False)
 
     model = apply_peft(task.build_model(raw), config.model.peft, task.pipeline_tag, base_model_name_or_path=base_model_id(config.model))
+    check_sequence_length(model.config, config.data.max_seq_length, source=config.model.name_or_path)
+
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,
@@ -103,10 +108,19 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     scheduler = accelerator.prepare(build_scheduler(optimizer, config.train, plan, accelerator.num_processes))
 
     state = TrainerState()
-    if config.train.resume_from_checkpoint:
-        folder = find_checkpoint(config.train.resume_from_checkpoint, run_dir)
-        state = load_checkpoint(accelerator, folder)
-        accelerator.print(f"resumed from {folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})")
+    if resume_folder is not None:
+        state = load_checkpoint(accelerator, resume_folder)
+        accelerator.print(
+            f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
+        )
+
+    if accelerator.is_main_process:
+        with failures_named(outputs.OutputDirError, f"output_dir {run_dir}"):
+            if replace_old_run:
+                outputs.replace_run_dir(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            outputs.save_config(config, run_dir)
+    accelerator.wait_for_everyone()
 
     if config.train.report_to:
         accelerator.init_trackers(run_dir.name, config=_flat_config(config))
@@ -147,6 +161,15 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     if config.train.eval_on_start and state.global_step == 0:
         log(run_evaluation()[1])
     train_started = time.perf_counter()
+    # What earlier segments of a resumed run trained on; this segment's counts are added to them.
+    earlier_samples, earlier_tokens, earlier_runtime = state.train_samples, state.train_tokens, state.train_runtime
+
+    def update_totals() -> None:
+        """Whole-run totals over all processes into ``state`` (a collective: every process calls it)."""
+        state.train_samples = earlier_samples + int(accelerator.reduce(torch.tensor(samples_seen, device=accelerator.device), reduction="sum").item())
+        state.train_tokens = earlier_tokens + int(accelerator.reduce(tokens_seen.clone(), reduction="sum").item())
+        state.train_runtime = earlier_runtime + (time.perf_counter() - train_started)
+
     model.train()
     while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not stop_early:
         # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
@@ -191,14 +214,15 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
                 if metric_name:
                     stop_early = _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir)
             if config.train.save_steps and state.global_step % config.train.save_steps == 0:
-                save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit)
+                update_totals()
+                save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict())
             if state.global_step >= plan.total_updates or stop_early:
                 break
         else:
             state.epoch += 1
             state.batches_in_epoch = 0
     progress.close()
-    train_runtime = time.perf_counter() - train_started
+    update_totals()
 
     if config.train.load_best_model_at_end and state.best_step is not None and (run_dir / BEST_MODEL_DIR).is_dir():
         accelerator.print(f"loading the best model (step {state.best_step}, {metric_name}={state.best_metric:.4f})")
@@ -206,8 +230,7 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
 
     predictions, final_metrics = run_evaluation()
     log(final_metrics)
-    total_samples = accelerator.reduce(torch.tensor(samples_seen, device=accelerator.device), reduction="sum").item()
-    total_tokens = accelerator.reduce(tokens_seen, reduction="sum").item()
+    total_samples, total_tokens, train_runtime = state.train_samples, state.train_tokens, state.train_runtime
     summary = {
         **final_metrics,
         "num_processes": accelerator.num_processes,

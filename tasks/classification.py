@@ -18,7 +18,9 @@ from pydantic import Field
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns
+from pipelines.data import (
+    DataError, finalize_splits, load_raw, read_inputs, require_columns, require_values, split_source,
+)
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 
@@ -120,7 +122,15 @@ class ClassificationTask:
     # ----- the task interface ------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
-        raw = finalize_splits(load_raw(data), data, self.config.seed, need_train=include_train)
+        loaded = load_raw(data)
+        # Before sampling and hold-out, while row numbers are still the file's.
+        used = {data.train_split, data.eval_split} if include_train else {data.eval_split}
+        for split_name in sorted(used & set(loaded)):
+            require_values(
+                loaded[split_name], [self.text_column, data.text_pair_column, self.label_column], split_name,
+                split_source(data, split_name),
+            )
+        raw = finalize_splits(loaded, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
             require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_name)
         reference = raw[data.train_split] if include_train else raw[data.eval_split]
@@ -134,6 +144,7 @@ class ClassificationTask:
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
+        require_values(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
         return inputs
 
     def build_tokenizer(self, raw, model_path: str | None = None):
