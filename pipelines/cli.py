@@ -7,7 +7,9 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY
      [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
      ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]`` and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
-     (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
+     (no traceback) for bad input: config, data, model, checkpoint, output dir, an unreachable Hub
+     id, or the machine refusing a write (a full disk). ``--debug`` (anywhere on the line) or
+     ``BERTPIPE_DEBUG=1`` prints the traceback, with the library error it wraps, before the message.
 
 The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never
 imports ``tasks/``.

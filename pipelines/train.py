@@ -28,7 +28,7 @@ from pipelines import outputs
 from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
-from pipelines.config import RunConfig
+from pipelines.config import ConfigError, RunConfig
 from pipelines.errors import failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
@@ -297,7 +297,7 @@ def _load_best_model(model, folder: Path) -> None:
 def _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir) -> bool:
     """Update the best metric (saving that model when it will be reloaded); True means stop early."""
     if metric_name not in metrics:
-        raise KeyError(f"train.metric_for_best_model={metric_name!r} is not among the eval metrics {sorted(metrics)}")
+        raise ConfigError(f"train.metric_for_best_model={metric_name!r} is not among the eval metrics {sorted(metrics)}")
     value = metrics[metric_name]
     if _is_better(value, state.best_metric, greater_is_better):
         state.best_metric, state.best_step = value, state.global_step
