@@ -89,7 +89,7 @@ def find_checkpoint(resume_from: str, output_dir: str | Path) -> Path:
         return found[-1]
     folder = Path(resume_from)
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint {folder} does not exist")
+        raise CheckpointError(f"checkpoint {folder} {'is a file, not a checkpoint folder' if folder.exists() else 'does not exist'}")
     if not (folder / STATE_FILE).is_file():
         raise CheckpointError(f"checkpoint {folder} is incomplete (no {STATE_FILE}); it was probably interrupted mid-write")
     return folder

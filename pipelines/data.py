@@ -68,7 +68,14 @@ def check_files_exist(files: dict[str, str | list[str]]) -> None:
     for split, paths in files.items():
         for path in _as_list(paths):
             if not Path(path).is_file():
-                raise DataError(f"data.files.{split}: file {path} does not exist")
+                raise DataError(f"data.files.{split}: file {path} {_not_a_file(Path(path))}")
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not a readable file, in the words a message needs."""
+    if not path.exists():
+        return "does not exist"
+    return "is a folder, not a file" if path.is_dir() else "is not a regular file"
 
 
 @contextmanager
@@ -176,7 +183,7 @@ def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: d
     files disagree with each other, which ``datasets`` reports without naming them: their columns
     are listed side by side.
     """
-    columns: dict[str, list[str]] = {}
+    features: dict[str, datasets.Features] = {}
     for label, paths in paths_by_label.items():
         for path in paths:
             problem = _file_shape_problem(Path(path), builder, encoding)
@@ -186,11 +193,20 @@ def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: d
                 alone = datasets.load_dataset(builder, data_files={"alone": [path]}, **options)["alone"]
             except Exception as alone_error:
                 return DataError(f"{label}: {path} cannot be read as {builder}: {describe(alone_error)}")
-            columns[f"{label} ({path})"] = alone.column_names
-    if len({tuple(sorted(names)) for names in columns.values()}) > 1:
-        listed = "; ".join(f"{where}: {names}" for where, names in columns.items())
+            features[f"{label} ({path})"] = alone.features
+    if len({tuple(sorted(found)) for found in features.values()}) > 1:
+        listed = "; ".join(f"{where}: {list(found)}" for where, found in features.items())
         return DataError(f"the data files have different columns; every file needs the same ones: {listed}")
+    for column in next(iter(features.values()), {}):
+        kinds = {where: _kind(found[column]) for where, found in features.items()}
+        if len(set(kinds.values())) > 1:
+            listed = "; ".join(f"{kind} in {where}" for where, kind in kinds.items())
+            return DataError(f"column {column!r} holds different types in different files: {listed}")
     return DataError(f"{', '.join(paths_by_label)}: the files cannot be read as {builder}: {describe(error)}")
+
+
+def _kind(feature) -> str:
+    return feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
 
 
 def _file_shape_problem(path: Path, builder: str, encoding: str) -> str | None:
@@ -286,6 +302,38 @@ def require_values(split: Dataset, columns: Iterable[str | None], split_name: st
         raise DataError(f"split {split_name!r} ({source}), row {rows}: empty {column!r} cell (rows count from 1)")
 
 
+def require_one_type(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
+    """Each column holds one kind of value: a JSON file whose rows mix, say, strings and lists is read
+    by ``datasets`` as a ``Json`` column of Python objects, which would otherwise pass as text labels."""
+    for column in columns:
+        if column is None or column not in split.column_names or type(split.features[column]).__name__ != "Json":
+            continue
+        values = split[column]
+        first = next((index for index, value in enumerate(values) if value is not None), None)
+        if first is None:
+            continue
+        for index, value in enumerate(values):
+            if value is not None and type(value) is not type(values[first]):
+                raise DataError(
+                    f"split {split_name!r} ({source}), row {index + 1}: {column!r} holds a {type(value).__name__} where "
+                    f"row {first + 1} holds a {type(values[first]).__name__}; every row needs the same kind of value"
+                )
+
+
+def require_text(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
+    """Each text column holds strings (a csv column of numbers is read as numbers, which no tokenizer takes)."""
+    for column in columns:
+        if column is None or column not in split.column_names:
+            continue
+        feature = split.features[column]
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+            kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
+            raise DataError(
+                f"split {split_name!r} ({source}): column {column!r} holds {kind} values, not text; "
+                "point data.text_column / data.text_pair_column at a text column"
+            )
+
+
 def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str) -> None:
     """Fail with the available columns when a configured column is missing."""
     missing = [column for column in columns if column is not None and column not in dataset.column_names]
@@ -304,7 +352,7 @@ def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"input file {path} does not exist")
+        raise DataError(f"input file {path} {_not_a_file(path)}")
     loaded = _load_local_files({"input": str(path)}, encoding, label="")["input"]
     if builder_for_files({"input": str(path)})[0] == "text":
         # A txt input is one example per line; a blank line (a paragraph break, the end of a file)

@@ -29,6 +29,7 @@ from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import ConfigError, RunConfig
+from pipelines.data import DataError, split_source
 from pipelines.errors import failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
@@ -80,8 +81,8 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         raw = task.load()
         tokenizer = task.build_tokenizer(raw)
         train_examples, eval_examples = raw[config.data.train_split], raw[config.data.eval_split]
-        train_features = task.preprocess(train_examples, train=True)
-        eval_features = task.preprocess(eval_examples, train=False)
+        train_features = _preprocess(task, train_examples, config, config.data.train_split, train=True)
+        eval_features = _preprocess(task, eval_examples, config, config.data.eval_split, train=False)
 
     model = apply_peft(task.build_model(raw), config.model.peft, task.pipeline_tag, base_model_name_or_path=base_model_id(config.model))
     check_sequence_length(model.config, config.data.max_seq_length, source=config.model.name_or_path)
@@ -270,6 +271,13 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         publish_run(run_dir, config, task.pipeline_tag, repo_id=config.hub.repo_id, private=config.hub.private,
                     revision=config.hub.revision)
     return summary
+
+
+def _preprocess(task: Task, examples, config: RunConfig, split: str, *, train: bool):
+    """The task's preprocessing; the user's rows meet the tokenizer here, so a row it rejects is
+    reported as a data problem of that split, with the library's error as the cause."""
+    with failures_named(DataError, f"split {split!r} ({split_source(config.data, split)}) cannot be preprocessed"):
+        return task.preprocess(examples, train=train)
 
 
 def _save_model(accelerator, model, folder: Path) -> None:

@@ -19,7 +19,8 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import (
-    DataError, finalize_splits, load_raw, read_inputs, require_columns, require_values, split_source,
+    DataError, finalize_splits, load_raw, read_inputs, require_columns, require_one_type, require_text, require_values,
+    split_source,
 )
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
@@ -126,10 +127,10 @@ class ClassificationTask:
         # Before sampling and hold-out, while row numbers are still the file's.
         used = {data.train_split, data.eval_split} if include_train else {data.eval_split}
         for split_name in sorted(used & set(loaded)):
-            require_values(
-                loaded[split_name], [self.text_column, data.text_pair_column, self.label_column], split_name,
-                split_source(data, split_name),
-            )
+            source = split_source(data, split_name)
+            require_values(loaded[split_name], [self.text_column, data.text_pair_column, self.label_column], split_name, source)
+            require_one_type(loaded[split_name], [self.label_column], split_name, source)
+            require_text(loaded[split_name], [self.text_column, data.text_pair_column], split_name, source)
         raw = finalize_splits(loaded, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
             require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_name)
@@ -145,6 +146,7 @@ class ClassificationTask:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
         require_values(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
+        require_text(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
         return inputs
 
     def build_tokenizer(self, raw, model_path: str | None = None):

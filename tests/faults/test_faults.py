@@ -70,6 +70,8 @@ def test_faults_config_unknown_key_and_wrong_type(refused, finished_run, tmp_pat
         ("empty_label.csv", "sentence,label\ngood film,positive\nbad film,\ndull,negative\n", ["split 'train'", "row 2", "empty 'label' cell"]),
         ("empty_text.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "", "label": "negative"}\n', ["split 'train'", "row 2", "empty 'sentence' cell"]),
         ("latin1.jsonl", None, ["line 1", "not valid utf-8", "data.encoding"]),
+        ("numbers.csv", "sentence,label\n1,positive\n2,negative\n", ["column 'sentence' holds different types", "int64", "string"]),
+        ("mixed.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad", "label": ["negative"]}\n', ["row 2", "'label' holds a list where row 1 holds a str"]),
     ],
 )
 def test_faults_bad_train_file(refused, finished_run, tmp_path, sentiment_files, name, content, needles):
@@ -84,7 +86,7 @@ def test_faults_bad_train_file(refused, finished_run, tmp_path, sentiment_files,
         validation.write_text("sentence,label\ngood,positive\nbad,negative\n")
     refused(
         "train", finished_run[0], new_dir(tmp_path), f"data.files.train={path}", f"data.files.validation={validation}",
-        needles=["data.files.train" if "row" not in needles[-1] and "cell" not in needles[-1] else "train", str(path), *needles],
+        needles=["data.files.train", str(path), *needles],
     )
 
 
@@ -99,9 +101,12 @@ def test_faults_column_missing_from_one_split(refused, finished_run, tmp_path):
     )
 
 
-def test_faults_missing_data_file(refused, finished_run, tmp_path):
+def test_faults_missing_data_file_or_a_folder(refused, finished_run, tmp_path):
     refused("train", finished_run[0], new_dir(tmp_path), f"data.files.train={tmp_path / 'typo.jsonl'}",
             needles=["data.files.train", str(tmp_path / "typo.jsonl"), "does not exist"])
+    (tmp_path / "folder.jsonl").mkdir()
+    refused("train", finished_run[0], new_dir(tmp_path), f"data.files.train={tmp_path / 'folder.jsonl'}",
+            needles=["data.files.train", str(tmp_path / "folder.jsonl"), "is a folder"])
 
 
 def test_faults_label_outside_label_set_and_missing_column(refused, finished_run, tmp_path):
@@ -259,7 +264,8 @@ def test_faults_predict_output_is_the_input(refused, run_copy, tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "needles"),
     [("empty.jsonl", "", ["is empty"]), ("prose.jsonl", "this is not json\n", ["line 1: not valid JSON"]),
-     ("empty.txt", "\n\n", ["holds no examples"]), ("blank_cell.csv", "sentence\ngood\n\"\"\n", ["row 2", "empty 'sentence' cell"])],
+     ("empty.txt", "\n\n", ["holds no examples"]), ("blank_cell.csv", "sentence\ngood\n\"\"\n", ["row 2", "empty 'sentence' cell"]),
+     ("numbers.csv", "sentence\n1\n2\n", ["'sentence' holds int64 values, not text"])],
 )
 def test_faults_predict_bad_input(refused, run_copy, tmp_path, name, content, needles):
     inputs = tmp_path / name
@@ -270,6 +276,7 @@ def test_faults_predict_bad_input(refused, run_copy, tmp_path, name, content, ne
 
 def test_faults_predict_missing_input_and_not_a_run(refused, run_copy, tmp_path):
     refused("predict", run_copy, "--input", tmp_path / "none.jsonl", "--output", tmp_path / "o.jsonl", needles=[str(tmp_path / "none.jsonl"), "does not exist"])
+    refused("predict", run_copy, "--input", run_copy, "--output", tmp_path / "o.jsonl", needles=[str(run_copy), "is a folder"])
     refused("predict", tmp_path, "--input", tmp_path / "none.jsonl", "--output", tmp_path / "o.jsonl", needles=[str(tmp_path), "not a bertpipe run"])
 
 
