@@ -354,17 +354,28 @@ def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
     if not path.is_file():
         raise DataError(f"input file {path} {_not_a_file(path)}")
     loaded = _load_local_files({"input": str(path)}, encoding, label="")["input"]
-    if builder_for_files({"input": str(path)})[0] == "text":
-        # A txt input is one example per line; a blank line (a paragraph break, the end of a file)
-        # is not an example, so it gets no prediction rather than a prediction for "".
-        blank = [index for index, text in enumerate(loaded["text"]) if not text.strip()]
-        if blank:
-            logger.warning(
-                "%s: skipped %d blank line(s) (line %s%s); the output has one row per non-blank line",
-                path, len(blank), ", ".join(str(index + 1) for index in blank[:5]), " ..." if len(blank) > 5 else "",
-            )
-            drop = set(blank)
-            loaded = loaded.select([index for index in range(len(loaded)) if index not in drop])
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")
     return loaded
+
+
+def skip_blank_lines(inputs: Dataset, path: str | Path) -> Dataset:
+    """A txt input without its blank lines, saying on stderr how many were skipped and where.
+
+    In a txt input each line is one example; a blank line (a paragraph break, the end of a file) is
+    not one, so tasks that predict one thing per example give it no prediction rather than a
+    prediction for "". (NER keeps them: a blank line is a line with no entities.)
+    """
+    if builder_for_files({"input": str(path)})[0] != "text":
+        return inputs
+    blank = [index for index, text in enumerate(inputs["text"]) if not text.strip()]
+    if not blank:
+        return inputs
+    logger.warning(
+        "%s: skipped %d blank line(s) (line %s%s); the output has one row per non-blank line",
+        path, len(blank), ", ".join(str(index + 1) for index in blank[:5]), " ..." if len(blank) > 5 else "",
+    )
+    if len(blank) == len(inputs):
+        raise DataError(f"input file {path} holds no examples (every line is blank)")
+    drop = set(blank)
+    return inputs.select([index for index in range(len(inputs)) if index not in drop])

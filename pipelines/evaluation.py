@@ -24,7 +24,9 @@ from tqdm.auto import tqdm
 from pipelines.batching import eval_dataloader
 from pipelines.config import RunConfig
 from pipelines.errors import failures_named
-from pipelines.modeling import MERGED_DIR, ModelError, is_adapter_dir, is_peft_model, save_merged_model
+from pipelines.modeling import (
+    MERGED_DIR, ModelError, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
+)
 from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, write_json
 from pipelines.runtime import build_accelerator
 from pipelines.task import Task
@@ -137,6 +139,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     accelerator, model = _prepare_finished_run(config, task, run_dir)
     examples = task.load_inputs(input_path)
     features = task.preprocess(examples, train=False)
+    check_sequence_lengths(accelerator.unwrap_model(model).config, features, where=f"--input {input_path}")
     loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
     model, loader = accelerator.prepare(model, loader)
     outputs = run_predictions(accelerator, model, loader, task, order=sampler.order, description="predict")

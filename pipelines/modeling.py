@@ -129,25 +129,40 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
 _POSITION_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl", "data2vec-text"}
 
 
-def check_sequence_length(config: PretrainedConfig, max_seq_length: int, *, source: str | None) -> None:
-    """Refuse ``data.max_seq_length`` beyond the model's learned positions before any training.
+def _usable_positions(config: PretrainedConfig | None) -> int | None:
+    positions = getattr(config, "max_position_embeddings", None)
+    if config is None or not isinstance(positions, int) or positions <= 0:
+        return None  # no learned table (T5's relative positions): no limit
+    offset = (getattr(config, "pad_token_id", None) or 0) + 1 if config.model_type in _POSITION_OFFSET_TYPES else 0
+    return positions - offset
 
-    A longer batch would otherwise index past the position-embedding table mid-training, the first
-    time a long enough example comes along. Models without a learned table (T5's relative
-    positions) have no such limit.
+
+def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) -> None:
+    """Refuse features longer than the model's learned positions, before any forward pass.
+
+    Such a batch would index past the position-embedding table, mid-training, the first time a long
+    enough example is drawn. What is checked is the preprocessed length (the token ids after
+    truncation to ``data.max_seq_length``), so a generous setting over short texts still runs.
+    ``input_ids`` go through the encoder; a seq2seq model's ``labels`` through its decoder.
     """
-    encoder = getattr(config, "encoder", None) if config.model_type == "encoder-decoder" else config
-    positions = getattr(encoder, "max_position_embeddings", None)
-    if not isinstance(positions, int) or positions <= 0:
-        return
-    offset = (encoder.pad_token_id or 0) + 1 if encoder.model_type in _POSITION_OFFSET_TYPES else 0
-    usable = positions - offset
-    if max_seq_length > usable:
-        origin = f"model.name_or_path={source}" if source else "model.architecture"
-        raise ModelError(
-            f"data.max_seq_length={max_seq_length} is longer than the model's {usable} positions "
-            f"(max_position_embeddings={positions} in the config of {origin}); set data.max_seq_length to at most {usable}"
-        )
+    import pyarrow.compute as pc
+
+    encoder = config.encoder if config.model_type == "encoder-decoder" else config
+    decoder = config.decoder if config.model_type == "encoder-decoder" else config
+    limits = {"input_ids": (_usable_positions(encoder), "data.max_seq_length")}
+    if getattr(config, "is_encoder_decoder", False):
+        limits["labels"] = (_usable_positions(decoder), "the task's target length (e.g. translation.max_target_length)")
+    for column, (usable, setting) in limits.items():
+        if usable is None or column not in features.column_names:
+            continue
+        lengths = pc.list_value_length(features.with_format("arrow")[column])
+        longest = pc.max(lengths).as_py()
+        if longest is not None and longest > usable:
+            raise ModelError(
+                f"{where}: {column} of up to {longest} tokens, but the model has {usable} positions "
+                f"(max_position_embeddings in {getattr(config, '_name_or_path', '') or 'its'} config); "
+                f"set {setting} to at most {usable}"
+            )
 
 
 def _head_labels_differ(config: PretrainedConfig, label_maps: dict[str, Any]) -> bool:

@@ -33,7 +33,7 @@ from pipelines.data import DataError, split_source
 from pipelines.errors import failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
-    MERGED_DIR, apply_peft, base_model_id, check_sequence_length, count_parameters, is_peft_model, save_adapter_run,
+    MERGED_DIR, apply_peft, base_model_id, check_sequence_lengths, count_parameters, is_peft_model, save_adapter_run,
     save_merged_model,
 )
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
@@ -85,7 +85,8 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
         eval_features = _preprocess(task, eval_examples, config, config.data.eval_split, train=False)
 
     model = apply_peft(task.build_model(raw), config.model.peft, task.pipeline_tag, base_model_name_or_path=base_model_id(config.model))
-    check_sequence_length(model.config, config.data.max_seq_length, source=config.model.name_or_path)
+    for split, features in ((config.data.train_split, train_features), (config.data.eval_split, eval_features)):
+        check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
 
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:

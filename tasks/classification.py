@@ -20,7 +20,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import (
     DataError, finalize_splits, load_raw, read_inputs, require_columns, require_one_type, require_text, require_values,
-    split_source,
+    skip_blank_lines, split_source,
 )
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
@@ -141,7 +141,7 @@ class ClassificationTask:
         return raw
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = read_inputs(path, encoding=self.config.data.encoding)
+        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding), path)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")

@@ -138,10 +138,17 @@ def test_faults_unknown_hub_id(refused, finished_run, tmp_path):
             needles=["'nobody/no-such-model'", "BERTPIPE_MIRROR"])
 
 
-def test_faults_sequence_longer_than_positions(refused, finished_run, tmp_path):
-    # The tiny BERT has 64 positions; the error must come before any training step.
-    message = refused("train", finished_run[0], new_dir(tmp_path), "data.max_seq_length=100",
-                      needles=["data.max_seq_length=100", "max_position_embeddings=64", "at most 64"])
+@pytest.fixture
+def long_train(tmp_path) -> Path:
+    """Training rows, one of them longer than the tiny BERT's 64 positions."""
+    rows = sentiment_rows(8, seed=3) + [{"sentence": " ".join(["good film"] * 60), "label": "positive"}]
+    return write_jsonl(tmp_path / "long.jsonl", rows)
+
+
+def test_faults_sequence_longer_than_positions(refused, finished_run, tmp_path, long_train):
+    # The error must come before any training step, and only when the data is that long.
+    message = refused("train", finished_run[0], new_dir(tmp_path), "data.max_seq_length=100", f"data.files.train={long_train}",
+                      needles=["split 'train'", str(long_train), "up to 100 tokens", "64 positions", "data.max_seq_length to at most 64"])
     assert not (tmp_path / "new" / "config.yaml").exists(), message
 
 
@@ -162,13 +169,14 @@ def test_faults_finished_run_without_overwrite(refused, finished_run, run_copy):
 
 
 @pytest.mark.parametrize(
-    ("override", "needles"),
-    [("data.files.train=/nowhere/train.jsonl", ["data.files.train", "/nowhere/train.jsonl"]),
-     ("model.name_or_path=nobody/no-such-model", ["'nobody/no-such-model'"]),
-     ("data.max_seq_length=100", ["data.max_seq_length=100"])],
+    ("overrides", "needles"),
+    [(["data.files.train=/nowhere/train.jsonl"], ["data.files.train", "/nowhere/train.jsonl"]),
+     (["model.name_or_path=nobody/no-such-model"], ["'nobody/no-such-model'"]),
+     (["data.max_seq_length=100", "data.files.train=LONG"], ["data.max_seq_length to at most 64"])],
 )
-def test_faults_overwrite_keeps_the_old_run_when_the_new_one_is_invalid(refused, finished_run, run_copy, override, needles):
-    refused("train", finished_run[0], f"output_dir={run_copy}", "overwrite=true", override, needles=needles)
+def test_faults_overwrite_keeps_the_old_run_when_the_new_one_is_invalid(refused, finished_run, run_copy, long_train, overrides, needles):
+    overrides = [override.replace("LONG", str(long_train)) for override in overrides]
+    refused("train", finished_run[0], f"output_dir={run_copy}", "overwrite=true", *overrides, needles=needles)
     assert (run_copy / "metrics.json").is_file() and (run_copy / "model.safetensors").is_file()
 
 
