@@ -4,6 +4,10 @@ In:  the resolved config, the step log records and the final metrics.
 Out: ``config.yaml`` (resolved config), ``log.jsonl`` (one record per logging/eval step),
      ``metrics.json`` (flat final metrics), ``training_curves.png`` (loss and eval metrics over
      steps). ``metrics.json`` is written last, so its presence marks a finished run.
+
+Which folders a run may use (:func:`check_output_dir`): a new or empty one, or its own run folder
+(``config.yaml``) when resuming or, with ``overwrite=true``, replacing it; never a foreign folder, one
+holding the run's inputs, or an unfinished run without one of those two settings.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ PLOT_FILE = "training_curves.png"
 
 
 class OutputDirError(UserError, RuntimeError):
-    """An ``output_dir`` that would lose a finished run if written into."""
+    """An ``output_dir`` (or ``--output``) that cannot be written, or whose contents a write would lose."""
 
 
 def is_run_dir(folder: str | Path) -> bool:
