@@ -100,13 +100,17 @@ class ClassificationTask:
 
         def to_id(value: Any, row: int) -> int:
             if named and int(value) < 0:
-                raise DataError(f"split {split_name!r}, row {row}: label {value} means 'unlabelled'; this split cannot be evaluated")
+                raise DataError(
+                    f"split {split_name!r}, row {row + 1} (rows count from 1): label {value} means 'unlabelled'; "
+                    "this split cannot be evaluated"
+                )
             if named and not self.options.label_names:
                 return int(value)
             name = self.label_names[int(value)] if named else str(value)
             if name not in label2id:
                 raise DataError(
-                    f"split {split_name!r}, row {row}: label {value!r} is not in the label set {self.label_names}"
+                    f"split {split_name!r}, row {row + 1} (rows count from 1): label {value!r} is not in the label set "
+                    f"{self.label_names}"
                 )
             return label2id[name]
 

@@ -111,7 +111,7 @@ def test_faults_missing_data_file_or_a_folder(refused, finished_run, tmp_path):
 
 def test_faults_label_outside_label_set_and_missing_column(refused, finished_run, tmp_path):
     odd = write_jsonl(tmp_path / "odd.jsonl", [{"sentence": "fine", "label": "neutral"}])
-    refused("train", finished_run[0], new_dir(tmp_path), f"data.files.validation={odd}", needles=["split 'validation'", "'neutral'", "label set"])
+    refused("train", finished_run[0], new_dir(tmp_path), f"data.files.validation={odd}", needles=["split 'validation'", "row 1 (rows count from 1)", "'neutral'", "label set"])
     refused("train", finished_run[0], new_dir(tmp_path), "data.text_column=review", needles=["no column(s) ['review']", "sentence"])
 
 
