@@ -16,14 +16,29 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import yaml
 from accelerate import Accelerator
+
+from pipelines.errors import UserError
 
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "trainer_state.json"
+CONFIG_FILE = "config.yaml"
+"""The resolved config the checkpoint was trained under, compared with the config of a resume."""
+
+# Keys a resume may change: they decide what is logged, saved or reported and how fast, never what
+# is computed. Every other key (model, data, seed, batch size, accumulation, learning rate,
+# schedule, warmup, length, precision, grouping, best-model settings, task settings) must match the
+# checkpoint's, or the resumed run would continue a trajectory other than the one it records.
+RESUME_MAY_CHANGE = (
+    "output_dir", "overwrite", "train.resume_from_checkpoint", "train.logging_steps", "train.eval_steps",
+    "train.eval_on_start", "train.save_steps", "train.save_total_limit", "train.report_to", "train.eval_batch_size",
+    "train.dataloader_num_workers", "train.torch_num_threads", "train.compile", "data.preprocessing_num_workers", "hub.",
+)
 _NAME = re.compile(r"^step-(\d{8})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, incomplete or unreadable."""
 
 
@@ -38,6 +53,11 @@ class TrainerState:
     evaluations_without_improvement: int = 0
     train_loss_sum: float = 0.0
     train_loss_count: int = 0
+    train_samples: int = 0
+    train_tokens: int = 0
+    train_runtime: float = 0.0
+    """Totals over every segment of the run (all processes) up to this checkpoint, so that a resumed
+    run's ``metrics.json`` describes the whole run; runtime counts the training loop's seconds only."""
     log_history: list[dict] = field(default_factory=list)
 
     @classmethod
@@ -69,14 +89,22 @@ def find_checkpoint(resume_from: str, output_dir: str | Path) -> Path:
         return found[-1]
     folder = Path(resume_from)
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint {folder} does not exist")
+        raise CheckpointError(f"checkpoint {folder} {'is a file, not a checkpoint folder' if folder.exists() else 'does not exist'}")
     if not (folder / STATE_FILE).is_file():
         raise CheckpointError(f"checkpoint {folder} is incomplete (no {STATE_FILE}); it was probably interrupted mid-write")
     return folder
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainerState, save_total_limit: int | None) -> Path:
-    """Write a complete checkpoint for ``state.global_step`` on every process; returns its path."""
+def save_checkpoint(
+    accelerator: Accelerator, output_dir: str | Path, state: TrainerState, save_total_limit: int | None,
+    *, config: dict | None = None,
+) -> Path:
+    """Write a complete checkpoint for ``state.global_step`` on every process; returns its path.
+
+    ``config`` (the resolved config as written to ``config.yaml``) is stored beside the state so a
+    resume can be checked against the settings the checkpoint was trained with. A write that fails
+    (a full disk) removes its own partial folder and leaves the complete checkpoints as they were.
+    """
     root = checkpoint_root(output_dir)
     final = root / f"step-{state.global_step:08d}"
     partial = root / f"{final.name}.partial"
@@ -84,10 +112,18 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: Tra
         shutil.rmtree(partial, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial), safe_serialization=True)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(partial), safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if config is not None:
+                (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+            _write_json_atomically(partial / STATE_FILE, asdict(state))
+    except OSError:
+        if accelerator.is_main_process:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     if accelerator.is_main_process:
-        _write_json_atomically(partial / STATE_FILE, asdict(state))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
         if save_total_limit is not None:
@@ -95,6 +131,58 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: Tra
                 shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def resume_differences(saved: dict, current: dict) -> list[str]:
+    """``key: checkpoint value -> current value`` for each trajectory key that differs."""
+    old, new = _flatten(saved), _flatten(current)
+    missing = object()
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUME_MAY_CHANGE):
+            continue
+        before, after = old.get(key, missing), new.get(key, missing)
+        if before != after:
+            shown = lambda value: "(unset)" if value is missing else repr(value)  # noqa: E731
+            lines.append(f"{key}: {shown(before)} in the checkpoint, {shown(after)} now")
+    return lines
+
+
+def check_resume_config(folder: Path, current: dict) -> None:
+    """Refuse a resume whose trajectory settings differ from the checkpoint's, listing each one.
+
+    Checkpoints written before the config was stored beside them are compared with their run's
+    ``config.yaml`` (the run that wrote them, two levels up).
+    """
+    for source in (folder / CONFIG_FILE, folder.parent.parent / CONFIG_FILE):
+        if source.is_file():
+            break
+    else:
+        return
+    try:
+        saved = yaml.safe_load(source.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise CheckpointError(f"checkpoint {folder}: its config {source} cannot be read: {error}") from error
+    differences = resume_differences(saved or {}, current)
+    if differences:
+        raise CheckpointError(
+            f"train.resume_from_checkpoint={folder} was trained with other settings ({source}):\n  "
+            + "\n  ".join(differences)
+            + "\nResume with the checkpoint's values, or start a new run (another output_dir, or overwrite=true). "
+            "Only logging/eval/save cadence, trackers, save_total_limit, hub settings and speed settings may change "
+            "on a resume."
+        )
 
 
 def load_checkpoint(accelerator: Accelerator, folder: Path) -> TrainerState:

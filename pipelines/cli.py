@@ -9,7 +9,9 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY
      ``bertpipe sweep CONFIG --trials N [--space SPACE.yaml] [--study NAME] [--storage URL] [--workers K]
      [--timeout S] [--pruner none|median|hyperband] [KEY=VALUE ...]`` and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
-     (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
+     (no traceback) for bad input: config, data, model, checkpoint, output dir, an unreachable Hub
+     id, or the machine refusing a write (a full disk). ``--debug`` (anywhere on the line) or
+     ``BERTPIPE_DEBUG=1`` prints the traceback, with the library error it wraps, before the message.
 
 The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never
 imports ``tasks/``.
@@ -18,15 +20,19 @@ imports ``tasks/``.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import sys
+import traceback
 from typing import Callable, Sequence
 
 from pipelines.benchmark import BenchmarkError
 from pipelines.checkpoint import CheckpointError
 from pipelines.config import ConfigError, RunConfig, load_config
 from pipelines.data import DataError
+from pipelines.errors import UserError
 from pipelines.hub import HubUnavailableError
 from pipelines.modeling import ModelError
 from pipelines.outputs import OutputDirError, load_saved_config
@@ -34,9 +40,10 @@ from pipelines.publish import PublishError
 from pipelines.task import Task
 
 USER_ERRORS = (
-    BenchmarkError, ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError,
+    UserError, BenchmarkError, ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError,
     PublishError, FileNotFoundError,
 )
+DEBUG_VARIABLE = "BERTPIPE_DEBUG"
 
 TaskLookup = Callable[[str], type[Task]]
 
@@ -50,6 +57,10 @@ def load_run_config(get_task: TaskLookup, config_path: str | None, overrides: Se
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertpipe", description="Fine-tune and pretrain BERT-style models.")
+    parser.add_argument(
+        "--debug", action="store_true",
+        help=f"on an error, also print the traceback and its cause (or set {DEBUG_VARIABLE}=1); accepted anywhere on the line",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train, evaluate on the eval split, write the run directory")
@@ -208,6 +219,9 @@ def _print_metrics(metrics: dict) -> None:
 
 def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_VARIABLE, "").lower() in {"1", "true", "yes"}
+    argv = [item for item in argv if item != "--debug"]
     parser = build_parser()
     # Overrides may also follow options (``predict RUN --input F --output F key=value``), which a
     # positional ``nargs="*"`` alone would reject.
@@ -219,5 +233,21 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
     try:
         return run(args, get_task)
     except USER_ERRORS as error:
-        print(f"bertpipe {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return _report(args.command, str(error), debug)
+    except OSError as error:
+        # The last resort for the machine saying no where no boundary did (a full disk while saving, a
+        # permission, a vanished file): its own words and the file, not a traceback. Complete
+        # checkpoints are never touched by a failed write, so the run can resume once space is freed.
+        where = f" ({error.filename})" if error.filename else ""
+        hint = "; free space, then resume with train.resume_from_checkpoint=latest" if error.errno == errno.ENOSPC else ""
+        return _report(args.command, f"{error.strerror or error}{where}{hint}", debug)
+
+
+def _report(command: str, message: str, debug: bool) -> int:
+    """One paragraph on stderr and exit status 2; with debug, the traceback (causes included) first."""
+    if debug:
+        traceback.print_exc()
+    elif sys.exc_info()[1] is not None and sys.exc_info()[1].__cause__ is not None:
+        message += f"\n(run with --debug or {DEBUG_VARIABLE}=1 for the traceback)"
+    print(f"bertpipe {command}: error: {message}", file=sys.stderr)
+    return 2

@@ -20,8 +20,10 @@ from typing import Any, Callable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from pipelines.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config file or override that cannot be used; the message says where and why."""
 
 
@@ -247,12 +249,54 @@ def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error.
+
+    Plain PyYAML keeps the last value silently, so ``learning_rate`` set twice trains with
+    whichever came last and the user never learns the first was ignored.
+    """
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:  # an unhashable key; the base constructor reports it
+            continue
+        if first != key_node.start_mark.line + 1:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark
+            )
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def _describe_path(path: Path) -> str:
+    """What a config path is, when it is not a readable regular file."""
+    if not path.exists():
+        return "does not exist"
+    if path.is_dir():
+        return "is a folder, not a YAML file"
+    return "is not a regular file (a device, pipe or socket), not a YAML file"
+
+
+def read_yaml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
+    """A YAML mapping from ``path``; every failure is a ConfigError naming the file (and line)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"{what} {path} {_describe_path(path)}")
     try:
-        tree = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{what} {path}: not UTF-8 text (byte {error.start}); is it a YAML file?") from error
+    except OSError as error:
+        raise ConfigError(f"{what} {path} cannot be read: {error.strerror or error}") from error
+    try:
+        tree = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(tree, dict):

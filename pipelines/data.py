@@ -12,6 +12,8 @@ hand the result to :func:`finalize_splits` so that sampling and checks stay in o
 from __future__ import annotations
 
 import codecs
+import json
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -21,10 +23,13 @@ from datasets import Dataset, DatasetDict
 from datasets.exceptions import DatasetGenerationError
 
 from pipelines.config import DataConfig
+from pipelines.errors import UserError, describe, failures_named
 from pipelines.hub import resolve_dataset
 
+logger = logging.getLogger(__name__)
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """Input data that cannot be used as configured; the message names the file/split/column."""
 
 
@@ -63,7 +68,14 @@ def check_files_exist(files: dict[str, str | list[str]]) -> None:
     for split, paths in files.items():
         for path in _as_list(paths):
             if not Path(path).is_file():
-                raise DataError(f"data.files.{split}: file {path} does not exist")
+                raise DataError(f"data.files.{split}: file {path} {_not_a_file(Path(path))}")
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not a readable file, in the words a message needs."""
+    if not path.exists():
+        return "does not exist"
+    return "is a folder, not a file" if path.is_dir() else "is not a regular file"
 
 
 @contextmanager
@@ -153,8 +165,76 @@ def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label
         options["encoding"] = encoding
     data_files = {split: _as_list(paths) for split, paths in files.items()}
     paths_by_label = {label + split: paths for split, paths in data_files.items()}
-    with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
-        return datasets.load_dataset(builder, data_files=data_files, **options)
+    try:
+        with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
+            return datasets.load_dataset(builder, data_files=data_files, **options)
+    except UserError:
+        raise
+    except Exception as error:  # whatever the builder raised: find the file (and line) that caused it
+        raise _blame_file(error, builder, options, paths_by_label, encoding) from error
+
+
+def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: dict[str, list[str]], encoding: str) -> DataError:
+    """A DataError naming the file (and line) that made a multi-file load fail.
+
+    Runs only after a failure. Each file is checked on its own: first for the common shapes of bad
+    input (empty, header only, a line that is not JSON), then by loading it alone, which catches
+    whatever else the reader rejects (a ragged csv row, ...). When every file loads alone, the
+    files disagree with each other, which ``datasets`` reports without naming them: their columns
+    are listed side by side.
+    """
+    features: dict[str, datasets.Features] = {}
+    for label, paths in paths_by_label.items():
+        for path in paths:
+            problem = _file_shape_problem(Path(path), builder, encoding)
+            if problem:
+                return DataError(f"{label}: {path}{problem}")
+            try:
+                alone = datasets.load_dataset(builder, data_files={"alone": [path]}, **options)["alone"]
+            except Exception as alone_error:
+                return DataError(f"{label}: {path} cannot be read as {builder}: {describe(alone_error)}")
+            features[f"{label} ({path})"] = alone.features
+    if len({tuple(sorted(found)) for found in features.values()}) > 1:
+        listed = "; ".join(f"{where}: {list(found)}" for where, found in features.items())
+        return DataError(f"the data files have different columns; every file needs the same ones: {listed}")
+    for column in next(iter(features.values()), {}):
+        kinds = {where: _kind(found[column]) for where, found in features.items()}
+        if len(set(kinds.values())) > 1:
+            listed = "; ".join(f"{kind} in {where}" for where, kind in kinds.items())
+            return DataError(f"column {column!r} holds different types in different files: {listed}")
+    return DataError(f"{', '.join(paths_by_label)}: the files cannot be read as {builder}: {describe(error)}")
+
+
+def _kind(feature) -> str:
+    return feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
+
+
+def _file_shape_problem(path: Path, builder: str, encoding: str) -> str | None:
+    """`` is empty``, `` line N: ...`` and the like for a file the reader will reject; else None."""
+    if builder == "parquet":
+        return None
+    try:
+        text = path.read_text(encoding=encoding)
+    except (OSError, UnicodeError):
+        return None  # loading the file alone reports it
+    if not text.strip():
+        return " is empty (no examples)"
+    if builder == "csv" and sum(1 for line in text.splitlines() if line.strip()) < 2:
+        return " holds a header but no rows"
+    if builder == "json":
+        try:
+            json.loads(text)
+            return None  # one JSON document: the reader's own message will say what it dislikes
+        except json.JSONDecodeError:
+            pass
+        for number, line in json_lines(text):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                return f", line {number}: not valid JSON ({error.msg} at column {error.colno})"
+            if not isinstance(record, dict):
+                return f", line {number}: a JSON-lines record must be an object, got {type(record).__name__}"
+    return None
 
 
 def load_raw(data: DataConfig) -> DatasetDict:
@@ -163,7 +243,9 @@ def load_raw(data: DataConfig) -> DatasetDict:
         check_files_exist(data.files)
         return _load_local_files(data.files, data.encoding, label="data.files.")
     source = resolve_dataset(data.path)
-    return datasets.load_dataset(source, data.name)
+    where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
+    with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
+        return datasets.load_dataset(source, data.name)
 
 
 def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train: bool = True) -> DatasetDict:
@@ -183,8 +265,73 @@ def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train
             raw[split] = raw[split].select(range(limit))
     for split in wanted:
         if len(raw[split]) == 0:
-            raise DataError(f"split {split!r} is empty")
+            raise DataError(f"split {split!r} is empty ({split_source(data, split)})")
     return DatasetDict({split: raw[split] for split in wanted})
+
+
+def split_source(data: DataConfig, split: str) -> str:
+    """Where a split's rows come from, for messages: ``data.files.train: a.csv`` or ``data.path=...``."""
+    if data.files and split in data.files:
+        return f"data.files.{split}: {', '.join(_as_list(data.files[split]))}"
+    if data.files and split == data.eval_split and data.validation_fraction:
+        return f"held out of data.files.{data.train_split} by data.validation_fraction"
+    return f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
+
+
+def _is_empty(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def require_values(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
+    """Every row holds a value in each column, or a DataError names split, source, row and column.
+
+    ``datasets`` reads an empty csv cell, a JSON null and a key missing from some rows all as None,
+    which would otherwise become the label ``"None"`` or an empty text. Rows count from 1 (csv: the
+    row after the header is row 1). A column empty in every row is reported as missing, since that is
+    what a file without the column looks like once ``datasets`` has unified the splits' columns.
+    """
+    for column in columns:
+        if column is None or column not in split.column_names:
+            continue
+        empty = [index for index, value in enumerate(split[column]) if _is_empty(value)]
+        if not empty:
+            continue
+        if len(empty) == len(split):
+            raise DataError(f"split {split_name!r} ({source}) has no {column!r} column, or every {column!r} cell is empty")
+        rows = ", ".join(str(index + 1) for index in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        raise DataError(f"split {split_name!r} ({source}), row {rows}: empty {column!r} cell (rows count from 1)")
+
+
+def require_one_type(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
+    """Each column holds one kind of value: a JSON file whose rows mix, say, strings and lists is read
+    by ``datasets`` as a ``Json`` column of Python objects, which would otherwise pass as text labels."""
+    for column in columns:
+        if column is None or column not in split.column_names or type(split.features[column]).__name__ != "Json":
+            continue
+        values = split[column]
+        first = next((index for index, value in enumerate(values) if value is not None), None)
+        if first is None:
+            continue
+        for index, value in enumerate(values):
+            if value is not None and type(value) is not type(values[first]):
+                raise DataError(
+                    f"split {split_name!r} ({source}), row {index + 1}: {column!r} holds a {type(value).__name__} where "
+                    f"row {first + 1} holds a {type(values[first]).__name__}; every row needs the same kind of value"
+                )
+
+
+def require_text(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
+    """Each text column holds strings (a csv column of numbers is read as numbers, which no tokenizer takes)."""
+    for column in columns:
+        if column is None or column not in split.column_names:
+            continue
+        feature = split.features[column]
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+            kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
+            raise DataError(
+                f"split {split_name!r} ({source}): column {column!r} holds {kind} values, not text; "
+                "point data.text_column / data.text_pair_column at a text column"
+            )
 
 
 def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str) -> None:
@@ -205,8 +352,30 @@ def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"input file {path} does not exist")
+        raise DataError(f"input file {path} {_not_a_file(path)}")
     loaded = _load_local_files({"input": str(path)}, encoding, label="")["input"]
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")
     return loaded
+
+
+def skip_blank_lines(inputs: Dataset, path: str | Path) -> Dataset:
+    """A txt input without its blank lines, saying on stderr how many were skipped and where.
+
+    In a txt input each line is one example; a blank line (a paragraph break, the end of a file) is
+    not one, so tasks that predict one thing per example give it no prediction rather than a
+    prediction for "". (NER keeps them: a blank line is a line with no entities.)
+    """
+    if builder_for_files({"input": str(path)})[0] != "text":
+        return inputs
+    blank = [index for index, text in enumerate(inputs["text"]) if not text.strip()]
+    if not blank:
+        return inputs
+    logger.warning(
+        "%s: skipped %d blank line(s) (line %s%s); the output has one row per non-blank line",
+        path, len(blank), ", ".join(str(index + 1) for index in blank[:5]), " ..." if len(blank) > 5 else "",
+    )
+    if len(blank) == len(inputs):
+        raise DataError(f"input file {path} holds no examples (every line is blank)")
+    drop = set(blank)
+    return inputs.select([index for index in range(len(inputs)) if index not in drop])

@@ -10,6 +10,7 @@ Out: the task's example-level predictions and a flat ``{"eval_<name>": value}`` 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,11 @@ from tqdm.auto import tqdm
 
 from pipelines.batching import eval_dataloader
 from pipelines.config import RunConfig
-from pipelines.modeling import MERGED_DIR, ModelError, is_adapter_dir, is_peft_model, save_merged_model
-from pipelines.outputs import write_json
+from pipelines.errors import failures_named
+from pipelines.modeling import (
+    MERGED_DIR, ModelError, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
+)
+from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, write_json
 from pipelines.runtime import build_accelerator
 from pipelines.task import Task
 
@@ -91,6 +95,12 @@ def evaluate(
 def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str):
     """The run's tokenizer and model; an adapter run comes back as a PeftModel on its base weights
     (``pipelines.modeling.load_model`` rebuilds it when the task loads ``model_path``)."""
+    if not (Path(run_dir) / METRICS_FILE).is_file():
+        raise OutputDirError(
+            f"{run_dir} holds no finished run (no {METRICS_FILE}): its training was interrupted or failed. Finish it "
+            f"with `bertpipe train {Path(run_dir) / CONFIG_FILE} train.resume_from_checkpoint=latest`, or point to a "
+            "finished run"
+        )
     accelerator = build_accelerator(config, with_trackers=False)
     task.build_tokenizer(None, model_path=run_dir)
     model = task.build_model(None, model_path=run_dir)
@@ -120,21 +130,44 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str) -> dict[str, float
 
 
 def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, output_path: str) -> int:
-    """Predict every example of ``input_path``; writes one JSON object per line; returns the count."""
+    """Predict every example of ``input_path``; writes one JSON object per line; returns the count.
+
+    The output is written beside its final name and renamed into place, so a failure never leaves a
+    half-written file, and it may not be the input itself or one of the run's own files.
+    """
+    check_prediction_output(run_dir, input_path, output_path)
     accelerator, model = _prepare_finished_run(config, task, run_dir)
     examples = task.load_inputs(input_path)
     features = task.preprocess(examples, train=False)
+    check_sequence_lengths(accelerator.unwrap_model(model).config, features, where=f"--input {input_path}")
     loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
     model, loader = accelerator.prepare(model, loader)
     outputs = run_predictions(accelerator, model, loader, task, order=sampler.order, description="predict")
     predictions = task.postprocess(outputs, features, examples)
     rows = task.format_predictions(predictions, examples)
     if accelerator.is_main_process:
-        Path(output_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(output_path, "w") as handle:
-            for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        output = Path(output_path)
+        with failures_named(OutputDirError, f"--output {output_path}"):
+            output.parent.mkdir(parents=True, exist_ok=True)
+            partial = output.with_name(output.name + ".partial")
+            with open(partial, "w") as handle:
+                for row in rows:
+                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            os.replace(partial, output)
     return len(rows)
+
+
+def check_prediction_output(run_dir: str, input_path: str, output_path: str) -> None:
+    """Refuse an ``--output`` that would overwrite the input, a folder, or a file the run needs."""
+    output, source = Path(output_path).resolve(), Path(input_path).resolve()
+    if output == source or (output.exists() and source.exists() and output.samefile(source)):
+        raise OutputDirError(f"--output {output_path} is the --input file; predictions would overwrite it. Choose another --output")
+    if output.is_dir():
+        raise OutputDirError(f"--output {output_path} is a folder; give a file name, e.g. {Path(output_path) / 'predictions.jsonl'}")
+    # Earlier predictions (*.jsonl other than the step log) may be replaced; the model, tokenizer,
+    # config, metrics and card may not.
+    if output.parent == Path(run_dir).resolve() and output.exists() and (output.suffix != ".jsonl" or output.name == LOG_FILE):
+        raise OutputDirError(f"--output {output_path} is a file of the run {run_dir}; predictions would replace it. Choose another --output")
 
 
 def merge_run(config: RunConfig, task: Task, run_dir: str, out_dir: str | None = None) -> Path:

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
+from pipelines.errors import UserError
+
 MIRROR_VARIABLE = "BERTPIPE_MIRROR"
 
 
-class HubUnavailableError(RuntimeError):
+class HubUnavailableError(UserError, RuntimeError):
     """A Hub id that has no local or mirror copy while the Hub cannot be reached."""
 
 

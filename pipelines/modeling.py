@@ -28,17 +28,28 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 import models  # noqa: F401  registers bertpipe's own BERT/Transformer with the Auto classes
 from pipelines.config import ModelConfig, PeftConfig
+from pipelines.errors import UserError, failures_named
 from pipelines.hub import resolve_model
 
 logger = logging.getLogger(__name__)
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A model or tokenizer that cannot serve the configured task."""
 
 
+def _named_source(name_or_path: str, key: str) -> str:
+    """How a message names a model source: a finished run by its folder, else by the key that set it."""
+    if (Path(name_or_path) / "config.yaml").is_file() and (Path(name_or_path) / "metrics.json").is_file():
+        return f"run directory {name_or_path}"
+    return f"{key}={name_or_path}"
+
+
 def load_tokenizer(name_or_path: str, revision: str | None = None) -> PreTrainedTokenizerBase:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path), revision=revision)
+    location = resolve_model(name_or_path)
+    where = _named_source(name_or_path, "model.tokenizer_name_or_path (or model.name_or_path)")
+    with failures_named(ModelError, f"{where}: cannot load a tokenizer from {location}"):
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
     if not tokenizer.is_fast:
         raise ModelError(f"tokenizer of {name_or_path!r} is not a fast tokenizer; bertpipe needs offsets and word_ids()")
     return tokenizer
@@ -82,6 +93,12 @@ def load_model(
         return auto_class.from_config(config)
 
     location = model_path or resolve_model(source)
+    where = f"run directory {model_path}" if model_path is not None else f"model.name_or_path={source}"
+    with failures_named(ModelError, f"{where}: cannot load the model from {location}"):
+        return _load_pretrained(auto_class, model, location, source, model_path=model_path, label_maps=label_maps, extra=extra)
+
+
+def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str, *, model_path, label_maps, extra) -> PreTrainedModel:
     if is_adapter_dir(location):
         # Evaluating an adapter run keeps the PeftModel; training from one starts from the merged model.
         adapted = load_adapter_model(auto_class, location, revision=model.revision)
@@ -105,6 +122,47 @@ def load_model(
     initialized = [*loading_info.get("missing_keys", ()), *loading_info.get("mismatched_keys", ())]
     loaded.bertpipe_initialized_keys = sorted({key[0] if isinstance(key, tuple) else key for key in initialized})
     return loaded
+
+
+# Models whose position ids start after the padding index (fairseq's convention): two of their
+# max_position_embeddings are never usable by tokens.
+_POSITION_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl", "data2vec-text"}
+
+
+def _usable_positions(config: PretrainedConfig | None) -> int | None:
+    positions = getattr(config, "max_position_embeddings", None)
+    if config is None or not isinstance(positions, int) or positions <= 0:
+        return None  # no learned table (T5's relative positions): no limit
+    offset = (getattr(config, "pad_token_id", None) or 0) + 1 if config.model_type in _POSITION_OFFSET_TYPES else 0
+    return positions - offset
+
+
+def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) -> None:
+    """Refuse features longer than the model's learned positions, before any forward pass.
+
+    Such a batch would index past the position-embedding table, mid-training, the first time a long
+    enough example is drawn. What is checked is the preprocessed length (the token ids after
+    truncation to ``data.max_seq_length``), so a generous setting over short texts still runs.
+    ``input_ids`` go through the encoder; a seq2seq model's ``labels`` through its decoder.
+    """
+    import pyarrow.compute as pc
+
+    encoder = config.encoder if config.model_type == "encoder-decoder" else config
+    decoder = config.decoder if config.model_type == "encoder-decoder" else config
+    limits = {"input_ids": (_usable_positions(encoder), "data.max_seq_length")}
+    if getattr(config, "is_encoder_decoder", False):
+        limits["labels"] = (_usable_positions(decoder), "the task's target length (e.g. translation.max_target_length)")
+    for column, (usable, setting) in limits.items():
+        if usable is None or column not in features.column_names:
+            continue
+        lengths = pc.list_value_length(features.with_format("arrow")[column])
+        longest = pc.max(lengths).as_py()
+        if longest is not None and longest > usable:
+            raise ModelError(
+                f"{where}: {column} of up to {longest} tokens, but the model has {usable} positions "
+                f"(max_position_embeddings in {getattr(config, '_name_or_path', '') or 'its'} config); "
+                f"set {setting} to at most {usable}"
+            )
 
 
 def _head_labels_differ(config: PretrainedConfig, label_maps: dict[str, Any]) -> bool:

@@ -4,6 +4,10 @@ In:  the resolved config, the step log records and the final metrics.
 Out: ``config.yaml`` (resolved config), ``log.jsonl`` (one record per logging/eval step),
      ``metrics.json`` (flat final metrics), ``training_curves.png`` (loss and eval metrics over
      steps). ``metrics.json`` is written last, so its presence marks a finished run.
+
+Which folders a run may use (:func:`check_output_dir`): a new or empty one, or its own run folder
+(``config.yaml``) when resuming or, with ``overwrite=true``, replacing it; never a foreign folder, one
+holding the run's inputs, or an unfinished run without one of those two settings.
 """
 
 from __future__ import annotations
@@ -11,12 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipelines.config import RunConfig
+from pipelines.config import RunConfig, read_yaml
+from pipelines.errors import UserError
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.json"
@@ -24,17 +30,103 @@ LOG_FILE = "log.jsonl"
 PLOT_FILE = "training_curves.png"
 
 
-class OutputDirError(RuntimeError):
-    """An ``output_dir`` that would lose a finished run if written into."""
+class OutputDirError(UserError, RuntimeError):
+    """An ``output_dir`` (or ``--output``) that cannot be written, or whose contents a write would lose."""
 
 
-def check_output_dir(config: RunConfig) -> None:
-    finished = Path(config.output_dir) / METRICS_FILE
-    if finished.exists() and not config.overwrite and not config.train.resume_from_checkpoint:
+def is_run_dir(folder: str | Path) -> bool:
+    """A folder bertpipe wrote: its ``config.yaml`` is a resolved run config (task and output_dir)."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        return False
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(saved, dict) and "task" in saved and "output_dir" in saved
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _run_inputs(config: RunConfig) -> dict[str, Path]:
+    """Local paths the run reads, by the key that names them."""
+    named: dict[str, str | None] = {
+        "model.name_or_path": config.model.name_or_path,
+        "model.tokenizer_name_or_path": config.model.tokenizer_name_or_path,
+        "data.path": config.data.path,
+    }
+    for split, paths in (config.data.files or {}).items():
+        for index, path in enumerate([paths] if isinstance(paths, str) else paths):
+            named[f"data.files.{split}" + (f"[{index}]" if not isinstance(paths, str) else "")] = path
+    return {key: Path(value).expanduser().resolve() for key, value in named.items() if value and Path(value).expanduser().exists()}
+
+
+def _check_creatable(run_dir: Path) -> None:
+    """``output_dir`` is a folder or can become one; created now (empty) so a later write cannot fail on it."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OutputDirError(f"output_dir {run_dir} is a file, not a folder; choose another output_dir")
+    blocking = next((parent for parent in run_dir.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise OutputDirError(f"output_dir {run_dir} lies under {blocking}, which is a file; choose another output_dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputDirError(f"output_dir {run_dir} cannot be created: {error.strerror or error}") from error
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise OutputDirError(f"output_dir {run_dir} is not writable")
+
+
+def check_output_dir(config: RunConfig) -> bool:
+    """Refuse an ``output_dir`` whose contents a run would mix with or lose; nothing is deleted here.
+
+    Accepted: a new or empty folder; a bertpipe run being resumed; a bertpipe run with
+    ``overwrite=true`` that holds none of the run's inputs. Returns True in that last case: the
+    caller replaces the old run only after the new one has loaded and validated its data and model
+    (:func:`replace_run_dir`), so a typo in the new config never costs the old run.
+    """
+    run_dir = Path(config.output_dir)
+    _check_creatable(run_dir)
+    if not any(run_dir.iterdir()):
+        return False
+    if not is_run_dir(run_dir):
+        raise OutputDirError(
+            f"output_dir {run_dir} is not empty and is not a bertpipe run (no {CONFIG_FILE} written by bertpipe); "
+            "bertpipe never writes into or deletes another folder's contents. Choose a new or empty output_dir."
+        )
+    if config.train.resume_from_checkpoint:
+        return False
+    if config.overwrite:
+        resolved = run_dir.resolve()
+        if _inside(Path.cwd().resolve(), resolved):
+            raise OutputDirError(f"overwrite=true would delete output_dir {run_dir}, which holds the current directory")
+        for key, path in _run_inputs(config).items():
+            if _inside(path, resolved):
+                raise OutputDirError(
+                    f"overwrite=true would delete output_dir {run_dir}, but {key}={path} lies inside it (an input of "
+                    "this run). Choose another output_dir, or move the input out first."
+                )
+        return True
+    if (run_dir / METRICS_FILE).exists():
         raise OutputDirError(
             f"{config.output_dir} already holds a finished run ({METRICS_FILE} exists). Choose another output_dir, "
             "set overwrite=true to replace it, or train.resume_from_checkpoint=latest to continue it."
         )
+    checkpoints = run_dir / "checkpoints"
+    held = f" and {len(list(checkpoints.iterdir()))} checkpoint folder(s)" if checkpoints.is_dir() else ""
+    raise OutputDirError(
+        f"{config.output_dir} holds an unfinished run ({CONFIG_FILE}{held}, no {METRICS_FILE}): it was interrupted "
+        "or failed. Continue it with train.resume_from_checkpoint=latest, replace it with overwrite=true, or choose "
+        "another output_dir; two runs never share one folder."
+    )
+
+
+def replace_run_dir(run_dir: str | Path) -> None:
+    """Empty the old run's folder (``check_output_dir`` has established it is a run we may replace)."""
+    run_dir = Path(run_dir)
+    shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -50,9 +142,11 @@ def save_config(config: RunConfig, run_dir: str | Path) -> None:
 
 def load_saved_config(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / CONFIG_FILE
+    if not Path(run_dir).is_dir():
+        raise OutputDirError(f"run directory {run_dir} {'is a file' if Path(run_dir).exists() else 'does not exist'}")
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a bertpipe run directory (no {CONFIG_FILE})")
-    return yaml.safe_load(path.read_text())
+        raise OutputDirError(f"{run_dir} is not a bertpipe run directory (no {CONFIG_FILE})")
+    return read_yaml(path, what="run config")
 
 
 class StepLog:

@@ -603,10 +603,13 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
     trial.set_user_attr("overrides", overrides)
     options_for = lambda name: get_task(name).Options  # noqa: E731
     config = load_config(plan.config_path, overrides, options_for)
-    run_dir.mkdir(parents=True, exist_ok=True)
     record = {"study": plan.study_name, "trial": trial.number, "state": "RUNNING", "objective": plan.metric,
               "params": values, "overrides": trial_overrides, "pinned": list(plan.overrides)}
-    write_json(run_dir / TRIAL_FILE, record)
+
+    def on_start(folder: Path) -> None:
+        # Written once train() has made the folder a run: before that, a file of ours in it would make
+        # train() refuse the folder as not a bertpipe run.
+        write_json(folder / TRIAL_FILE, record)
 
     pruned_at: list[tuple[int, float]] = []
     # Pruners compare trials at equal Optuna steps. Counting examples trained on rather than updates
@@ -623,9 +626,10 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
 
     started = time.perf_counter()
     try:
-        summary = train(config, get_task(config.task)(config), on_evaluate=on_evaluate)
+        summary = train(config, get_task(config.task)(config), on_start=on_start, on_evaluate=on_evaluate)
         value = _objective_value(summary, plan.metric)
     except BaseException as error:
+        run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / TRIAL_FILE, {**record, "state": "FAIL", "error": f"{type(error).__name__}: {error}"})
         raise
     finally:

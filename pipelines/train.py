@@ -27,11 +27,14 @@ from tqdm.auto import tqdm
 from pipelines import outputs
 from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
-from pipelines.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
-from pipelines.config import RunConfig
+from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
+from pipelines.config import ConfigError, RunConfig
+from pipelines.data import DataError, split_source
+from pipelines.errors import failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
-    MERGED_DIR, apply_peft, base_model_id, count_parameters, is_peft_model, save_adapter_run, save_merged_model,
+    MERGED_DIR, apply_peft, base_model_id, check_sequence_lengths, count_parameters, is_peft_model, save_adapter_run,
+    save_merged_model,
 )
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
 from pipelines.runtime import build_accelerator
@@ -61,34 +64,41 @@ def _flat_config(config: RunConfig) -> dict[str, Any]:
 
 
 def train(
-    config: RunConfig, task: Task, *, on_evaluate: Callable[[int, dict[str, float]], bool] | None = None
+    config: RunConfig, task: Task, *, on_start: Callable[[Path], None] | None = None,
+    on_evaluate: Callable[[int, dict[str, float]], bool] | None = None,
 ) -> dict[str, float]:
     """Train ``config`` with ``task``; returns the final metrics (also written to ``metrics.json``).
 
+    ``on_start(run_dir)`` is called on the main process once the run directory is set up (validated,
+    an old run replaced, ``config.yaml`` written), so a caller can add its own record of the run.
     ``on_evaluate(step, metrics)`` is called after each scheduled evaluation (not the final one);
     returning True stops training there, as early stopping does. It is how a caller watches a run
     without the loop knowing why, e.g. a hyperparameter search pruning a hopeless trial.
     """
-    outputs.check_output_dir(config)
+    # Everything that can refuse the run is checked before anything in output_dir changes: the folder
+    # rules, the resume settings, then data, tokenizer, model, sequence length and the checkpoint's
+    # tensors. Only then is an old run replaced (overwrite=true) and the new config written.
+    replace_old_run = outputs.check_output_dir(config)
+    run_dir = Path(config.output_dir)
+    resume_folder = None
+    if config.train.resume_from_checkpoint:
+        resume_folder = find_checkpoint(config.train.resume_from_checkpoint, run_dir)
+        check_resume_config(resume_folder, config.to_yaml_dict())
     accelerator = build_accelerator(config)
     set_seed(config.seed)
-    run_dir = Path(config.output_dir)
-    if accelerator.is_main_process:
-        if config.overwrite and not config.train.resume_from_checkpoint and run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        outputs.save_config(config, run_dir)
-    accelerator.wait_for_everyone()
 
     # Data: the main process tokenises first and fills the datasets cache; the others read it.
     with accelerator.main_process_first():
         raw = task.load()
         tokenizer = task.build_tokenizer(raw)
         train_examples, eval_examples = raw[config.data.train_split], raw[config.data.eval_split]
-        train_features = task.preprocess(train_examples, train=True)
-        eval_features = task.preprocess(eval_examples, train=False)
+        train_features = _preprocess(task, train_examples, config, config.data.train_split, train=True)
+        eval_features = _preprocess(task, eval_examples, config, config.data.eval_split, train=False)
 
     model = apply_peft(task.build_model(raw), config.model.peft, task.pipeline_tag, base_model_name_or_path=base_model_id(config.model))
+    for split, features in ((config.data.train_split, train_features), (config.data.eval_split, eval_features)):
+        check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
+
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,
@@ -111,10 +121,21 @@ def train(
     scheduler = accelerator.prepare(build_scheduler(optimizer, config.train, plan, accelerator.num_processes))
 
     state = TrainerState()
-    if config.train.resume_from_checkpoint:
-        folder = find_checkpoint(config.train.resume_from_checkpoint, run_dir)
-        state = load_checkpoint(accelerator, folder)
-        accelerator.print(f"resumed from {folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})")
+    if resume_folder is not None:
+        state = load_checkpoint(accelerator, resume_folder)
+        accelerator.print(
+            f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
+        )
+
+    if accelerator.is_main_process:
+        with failures_named(outputs.OutputDirError, f"output_dir {run_dir}"):
+            if replace_old_run:
+                outputs.replace_run_dir(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            outputs.save_config(config, run_dir)
+        if on_start is not None:
+            on_start(run_dir)
+    accelerator.wait_for_everyone()
 
     if config.train.report_to:
         accelerator.init_trackers(run_dir.name, config=_flat_config(config))
@@ -155,6 +176,15 @@ def train(
     if config.train.eval_on_start and state.global_step == 0:
         log(run_evaluation()[1])
     train_started = time.perf_counter()
+    # What earlier segments of a resumed run trained on; this segment's counts are added to them.
+    earlier_samples, earlier_tokens, earlier_runtime = state.train_samples, state.train_tokens, state.train_runtime
+
+    def update_totals() -> None:
+        """Whole-run totals over all processes into ``state`` (a collective: every process calls it)."""
+        state.train_samples = earlier_samples + int(accelerator.reduce(torch.tensor(samples_seen, device=accelerator.device), reduction="sum").item())
+        state.train_tokens = earlier_tokens + int(accelerator.reduce(tokens_seen.clone(), reduction="sum").item())
+        state.train_runtime = earlier_runtime + (time.perf_counter() - train_started)
+
     model.train()
     while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not stop_early:
         # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
@@ -201,14 +231,15 @@ def train(
                 if on_evaluate is not None and on_evaluate(state.global_step, metrics):
                     stop_early = True
             if config.train.save_steps and state.global_step % config.train.save_steps == 0:
-                save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit)
+                update_totals()
+                save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict())
             if state.global_step >= plan.total_updates or stop_early:
                 break
         else:
             state.epoch += 1
             state.batches_in_epoch = 0
     progress.close()
-    train_runtime = time.perf_counter() - train_started
+    update_totals()
 
     if config.train.load_best_model_at_end and state.best_step is not None and (run_dir / BEST_MODEL_DIR).is_dir():
         accelerator.print(f"loading the best model (step {state.best_step}, {metric_name}={state.best_metric:.4f})")
@@ -216,8 +247,7 @@ def train(
 
     predictions, final_metrics = run_evaluation()
     log(final_metrics)
-    total_samples = accelerator.reduce(torch.tensor(samples_seen, device=accelerator.device), reduction="sum").item()
-    total_tokens = accelerator.reduce(tokens_seen, reduction="sum").item()
+    total_samples, total_tokens, train_runtime = state.train_samples, state.train_tokens, state.train_runtime
     summary = {
         **final_metrics,
         "num_processes": accelerator.num_processes,
@@ -259,6 +289,13 @@ def train(
     return summary
 
 
+def _preprocess(task: Task, examples, config: RunConfig, split: str, *, train: bool):
+    """The task's preprocessing; the user's rows meet the tokenizer here, so a row it rejects is
+    reported as a data problem of that split, with the library's error as the cause."""
+    with failures_named(DataError, f"split {split!r} ({split_source(config.data, split)}) cannot be preprocessed"):
+        return task.preprocess(examples, train=train)
+
+
 def _save_model(accelerator, model, folder: Path) -> None:
     """A full model through transformers, or (for a PeftModel) only the adapter and the head."""
     unwrapped = accelerator.unwrap_model(model)
@@ -284,7 +321,7 @@ def _load_best_model(model, folder: Path) -> None:
 def _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir) -> bool:
     """Update the best metric (saving that model when it will be reloaded); True means stop early."""
     if metric_name not in metrics:
-        raise KeyError(f"train.metric_for_best_model={metric_name!r} is not among the eval metrics {sorted(metrics)}")
+        raise ConfigError(f"train.metric_for_best_model={metric_name!r} is not among the eval metrics {sorted(metrics)}")
     value = metrics[metric_name]
     if _is_better(value, state.best_metric, greater_is_better):
         state.best_metric, state.best_step = value, state.global_step

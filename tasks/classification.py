@@ -18,7 +18,10 @@ from pydantic import Field
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns
+from pipelines.data import (
+    DataError, finalize_splits, load_raw, read_inputs, require_columns, require_one_type, require_text, require_values,
+    skip_blank_lines, split_source,
+)
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 
@@ -97,13 +100,17 @@ class ClassificationTask:
 
         def to_id(value: Any, row: int) -> int:
             if named and int(value) < 0:
-                raise DataError(f"split {split_name!r}, row {row}: label {value} means 'unlabelled'; this split cannot be evaluated")
+                raise DataError(
+                    f"split {split_name!r}, row {row + 1} (rows count from 1): label {value} means 'unlabelled'; "
+                    "this split cannot be evaluated"
+                )
             if named and not self.options.label_names:
                 return int(value)
             name = self.label_names[int(value)] if named else str(value)
             if name not in label2id:
                 raise DataError(
-                    f"split {split_name!r}, row {row}: label {value!r} is not in the label set {self.label_names}"
+                    f"split {split_name!r}, row {row + 1} (rows count from 1): label {value!r} is not in the label set "
+                    f"{self.label_names}"
                 )
             return label2id[name]
 
@@ -120,7 +127,15 @@ class ClassificationTask:
     # ----- the task interface ------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
-        raw = finalize_splits(load_raw(data), data, self.config.seed, need_train=include_train)
+        loaded = load_raw(data)
+        # Before sampling and hold-out, while row numbers are still the file's.
+        used = {data.train_split, data.eval_split} if include_train else {data.eval_split}
+        for split_name in sorted(used & set(loaded)):
+            source = split_source(data, split_name)
+            require_values(loaded[split_name], [self.text_column, data.text_pair_column, self.label_column], split_name, source)
+            require_one_type(loaded[split_name], [self.label_column], split_name, source)
+            require_text(loaded[split_name], [self.text_column, data.text_pair_column], split_name, source)
+        raw = finalize_splits(loaded, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
             require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_name)
         reference = raw[data.train_split] if include_train else raw[data.eval_split]
@@ -130,10 +145,12 @@ class ClassificationTask:
         return raw
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = read_inputs(path, encoding=self.config.data.encoding)
+        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding), path)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
+        require_values(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
+        require_text(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
         return inputs
 
     def build_tokenizer(self, raw, model_path: str | None = None):

@@ -45,7 +45,7 @@ from pydantic import Field, model_validator
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining, PreTrainedTokenizerBase
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns
+from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns, skip_blank_lines
 from pipelines.modeling import ModelError, load_model, load_tokenizer, tokenizer_source
 
 logger = logging.getLogger(__name__)
@@ -477,7 +477,7 @@ class MlmTask:
         return finalize_splits(cleaned, data, self.config.seed, need_train=include_train)
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = read_inputs(path, encoding=self.config.data.encoding)
+        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding), path)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column], "input")

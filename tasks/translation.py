@@ -45,7 +45,7 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs
+from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, skip_blank_lines
 from pipelines.hub import resolve_model
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
@@ -190,7 +190,7 @@ class TranslationTask:
 
     def load_inputs(self, path: str) -> Dataset:
         src = self.options.source_lang
-        inputs = read_inputs(path, encoding=self.config.data.encoding)
+        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding), path)
         if src not in inputs.column_names:
             if self.options.translation_column in inputs.column_names:
                 inputs = to_language_columns(inputs, [src], self.options.translation_column, "input")

@@ -95,7 +95,7 @@ def test_cli_label_outside_label_set_is_an_error(tmp_path, tiny_bert, sentiment_
     config = classification_config(tmp_path, tiny_bert, {"train": sentiment_files["train"], "validation": bad})
     result = run_cli("train", str(config), check=False)
     assert result.returncode == 2
-    assert "'neutral'" in result.stderr and "row 1" in result.stderr
+    assert "'neutral'" in result.stderr and "row 2 (rows count from 1)" in result.stderr
 
 
 def test_cli_missing_column_names_the_available_ones(tmp_path, tiny_bert, sentiment_files):

@@ -28,11 +28,12 @@ def test_cli_convert_bert_then_attention_then_train(tmp_path, tiny_bert, sentime
     assert main(["attention", str(converted), "the film was good", "--out", str(heatmaps)]) == 0
     assert len(list(heatmaps.glob("*.png"))) == ours.config.num_hidden_layers
 
-    config = classification_config(tmp_path, converted, sentiment_files, run_name="ours")
+    # A run folder of its own: training into the converted model's folder is refused (it is not a run).
+    config = classification_config(tmp_path, converted, sentiment_files, run_name="ours-run")
     run_cli("train", str(config))
-    metrics = json.loads((tmp_path / "ours" / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "ours-run" / "metrics.json").read_text())
     assert metrics["eval_accuracy"] >= 0.8
-    assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "bertpipe_bert"
+    assert json.loads((tmp_path / "ours-run" / "config.json").read_text())["model_type"] == "bertpipe_bert"
 
 
 # ----- every other task with bertpipe's own models (issue 8) ------------------------------------

@@ -55,6 +55,10 @@ def test_cli_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_bert
     assert expected_metrics["global_step"] == 18  # 12 batches/epoch, 2 per update, 3 epochs
     for key in ("eval_accuracy", "eval_f1_macro", "global_step", "epoch", "train_loss"):
         assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-5, abs=1e-6), key
+    # The whole run's counts, not only the part after the resume (the checkpoint carries them).
+    assert expected_metrics["train_samples"] == 288  # 3 epochs of 96
+    for key in ("train_samples", "train_tokens"):
+        assert metrics[key] == expected_metrics[key], key
     # Every logged step after the checkpoint, through the next epochs, has the same loss.
     steps = [record["step"] for record in losses]
     assert steps == sorted(set(steps)), "log.jsonl repeats steps the interrupted run logged after its checkpoint"

@@ -38,7 +38,7 @@ def test_classification_string_labels_sorted_and_mapped(tmp_path, tiny_bert):
 def test_classification_label_outside_the_set_names_split_and_row(tmp_path, tiny_bert):
     task, raw = make_task(tmp_path, tiny_bert, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}],
                           [{"text": "a", "label": "x"}, {"text": "c", "label": "z"}])
-    with pytest.raises(DataError, match=r"'validation', row 1: label 'z' is not in the label set \['x', 'y'\]"):
+    with pytest.raises(DataError, match=r"'validation', row 2 \(rows count from 1\): label 'z' is not in the label set \['x', 'y'\]"):
         task.preprocess(raw["validation"], train=False)
 
 

@@ -1,0 +1,53 @@
+"""The one base of bertpipe's user-facing errors, and the wrapper that puts a loader's failure into one.
+
+In:  a failure raised inside a library we call at a boundary (a YAML file, data files, a model or
+     tokenizer folder, a checkpoint, the output folder, a predict input).
+Out: a :class:`UserError` subclass whose message names that boundary's file and the key that pointed
+     to it, with the library's exception kept as ``__cause__`` (the CLI shows its traceback only with
+     ``--debug`` or ``BERTPIPE_DEBUG=1``).
+
+The boundaries are few and each wraps every exception, not a list of known ones: a user's data holds
+cases nobody listed, and each of them should still end in a message that says where to look.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+_MAX_DETAIL = 400
+
+
+class UserError(Exception):
+    """Input (config, data, model, folders) that cannot be used; the message names key, file or row."""
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of the most specific exception in a chain, on one line.
+
+    Libraries often wrap the useful error (``DatasetGenerationError`` around pandas' "Expected 2 fields
+    in line 3"), so the innermost cause is what the user needs to read.
+    """
+    innermost = error
+    while innermost.__cause__ is not None and innermost.__cause__ is not innermost:
+        innermost = innermost.__cause__
+    text = " ".join(str(innermost).split()) or repr(innermost)
+    if len(text) > _MAX_DETAIL:
+        text = text[:_MAX_DETAIL] + " ..."
+    return f"{type(innermost).__name__}: {text}"
+
+
+@contextmanager
+def failures_named(error_type: type[UserError], where: str) -> Iterator[None]:
+    """Re-raise any non-bertpipe exception of the block as ``error_type("<where>: <what failed>")``.
+
+    Our own errors pass through unchanged: they already name their key, file or row.
+    """
+    try:
+        yield
+    except UserError:
+        raise
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except Exception as error:
+        raise error_type(f"{where}: {describe(error)}") from error

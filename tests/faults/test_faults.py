@@ -1,0 +1,308 @@
+"""The fault catalogue (issue 16): each bad input or broken file ends in exit status 2 and one message
+naming the file, key or row; nothing that existed before the command changes.
+
+Most cases run the CLI in this process (they fail before any training, in well under a second);
+``test_faults_cli.py`` runs a few as real subprocesses.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import sentiment_rows, write_jsonl
+from tests.faults.conftest import bertpipe_in_process, tree_hashes
+
+
+def new_dir(tmp_path: Path) -> str:
+    return f"output_dir={tmp_path / 'new'}"
+
+
+# ----- the config file ------------------------------------------------------------------------
+def test_faults_config_is_a_folder(refused, tmp_path):
+    refused("train", tmp_path, needles=[str(tmp_path), "is a folder"])
+
+
+def test_faults_config_is_dev_null(refused):
+    refused("train", "/dev/null", needles=["/dev/null", "not a regular file"])
+
+
+def test_faults_config_missing(refused, tmp_path):
+    refused("train", tmp_path / "nope.yaml", needles=[str(tmp_path / "nope.yaml"), "does not exist"])
+
+
+def test_faults_config_duplicate_key(refused, finished_run, tmp_path):
+    config = tmp_path / "twice.yaml"
+    config.write_text(finished_run[0].read_text() + "seed: 8\n")
+    refused("train", config, new_dir(tmp_path), needles=[str(config), "duplicate key 'seed'", "first given on line"])
+
+
+def test_faults_config_not_yaml(refused, tmp_path):
+    config = tmp_path / "broken.yaml"
+    config.write_text("task: classification\ndata: [unclosed\n")
+    refused("train", config, needles=[str(config), "not valid YAML", "line"])
+
+
+def test_faults_config_binary(refused, tmp_path):
+    config = tmp_path / "model.yaml"
+    config.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    refused("train", config, needles=[str(config), "not UTF-8"])
+
+
+def test_faults_config_unknown_key_and_wrong_type(refused, finished_run, tmp_path):
+    refused("train", finished_run[0], new_dir(tmp_path), "train.learning_rat=1", needles=["train.learning_rat", "the command line", "learning_rate"])
+    refused("train", finished_run[0], new_dir(tmp_path), "train.batch_size=many", needles=["train.batch_size", "many"])
+
+
+# ----- data files -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "content", "needles"),
+    [
+        ("empty.jsonl", "", ["is empty"]),
+        ("header.csv", "sentence,label\n", ["holds a header but no rows"]),
+        ("bad.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad" "label": "negative"}\n', ["line 2: not valid JSON"]),
+        ("ragged.csv", "sentence,label\ngood film,positive\nbad,film,negative\n", ["line 3", "Expected 2 fields"]),
+        ("empty_label.csv", "sentence,label\ngood film,positive\nbad film,\ndull,negative\n", ["split 'train'", "row 2", "empty 'label' cell"]),
+        ("empty_text.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "", "label": "negative"}\n', ["split 'train'", "row 2", "empty 'sentence' cell"]),
+        ("latin1.jsonl", None, ["line 1", "not valid utf-8", "data.encoding"]),
+        ("numbers.csv", "sentence,label\n1,positive\n2,negative\n", ["column 'sentence' holds different types", "int64", "string"]),
+        ("mixed.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad", "label": ["negative"]}\n', ["row 2", "'label' holds a list where row 1 holds a str"]),
+    ],
+)
+def test_faults_bad_train_file(refused, finished_run, tmp_path, sentiment_files, name, content, needles):
+    path = tmp_path / name
+    if content is None:
+        path.write_bytes('{"sentence": "Coppée was good", "label": "positive"}\n'.encode("latin-1"))
+    else:
+        path.write_text(content)
+    validation = sentiment_files["validation"]
+    if path.suffix == ".csv":  # one format per run
+        validation = tmp_path / "validation.csv"
+        validation.write_text("sentence,label\ngood,positive\nbad,negative\n")
+    refused(
+        "train", finished_run[0], new_dir(tmp_path), f"data.files.train={path}", f"data.files.validation={validation}",
+        needles=["data.files.train", str(path), *needles],
+    )
+
+
+def test_faults_column_missing_from_one_split(refused, finished_run, tmp_path):
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,label\ngood film,positive\nbad film,negative\n")
+    validation = tmp_path / "validation.csv"
+    validation.write_text("sentence\ngood\nbad\n")
+    refused(
+        "train", finished_run[0], new_dir(tmp_path), f"data.files.train={train}", f"data.files.validation={validation}",
+        needles=["split 'validation'", str(validation), "no 'label' column"],
+    )
+
+
+def test_faults_missing_data_file_or_a_folder(refused, finished_run, tmp_path):
+    refused("train", finished_run[0], new_dir(tmp_path), f"data.files.train={tmp_path / 'typo.jsonl'}",
+            needles=["data.files.train", str(tmp_path / "typo.jsonl"), "does not exist"])
+    (tmp_path / "folder.jsonl").mkdir()
+    refused("train", finished_run[0], new_dir(tmp_path), f"data.files.train={tmp_path / 'folder.jsonl'}",
+            needles=["data.files.train", str(tmp_path / "folder.jsonl"), "is a folder"])
+
+
+def test_faults_label_outside_label_set_and_missing_column(refused, finished_run, tmp_path):
+    odd = write_jsonl(tmp_path / "odd.jsonl", [{"sentence": "fine", "label": "neutral"}])
+    refused("train", finished_run[0], new_dir(tmp_path), f"data.files.validation={odd}", needles=["split 'validation'", "row 1 (rows count from 1)", "'neutral'", "label set"])
+    refused("train", finished_run[0], new_dir(tmp_path), "data.text_column=review", needles=["no column(s) ['review']", "sentence"])
+
+
+# ----- the model folder ------------------------------------------------------------------------
+@pytest.fixture
+def model_copy(tiny_bert, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_bert, tmp_path / "model"))
+
+
+def test_faults_corrupt_model_config(refused, finished_run, tmp_path, model_copy):
+    (model_copy / "config.json").write_text('{"model_type": "bert", "hidden_size": ')
+    refused("train", finished_run[0], new_dir(tmp_path), f"model.name_or_path={model_copy}", needles=["model", str(model_copy), "cannot load"])
+
+
+def test_faults_truncated_model_weights(refused, finished_run, tmp_path, model_copy):
+    weights = model_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    refused("train", finished_run[0], new_dir(tmp_path), f"model.name_or_path={model_copy}",
+            needles=["model.name_or_path", str(model_copy), "cannot load the model"])
+
+
+def test_faults_unknown_hub_id(refused, finished_run, tmp_path):
+    refused("train", finished_run[0], new_dir(tmp_path), "model.name_or_path=nobody/no-such-model",
+            needles=["'nobody/no-such-model'", "BERTPIPE_MIRROR"])
+
+
+@pytest.fixture
+def long_train(tmp_path) -> Path:
+    """Training rows, one of them longer than the tiny BERT's 64 positions."""
+    rows = sentiment_rows(8, seed=3) + [{"sentence": " ".join(["good film"] * 60), "label": "positive"}]
+    return write_jsonl(tmp_path / "long.jsonl", rows)
+
+
+def test_faults_sequence_longer_than_positions(refused, finished_run, tmp_path, long_train):
+    # The error must come before any training step, and only when the data is that long.
+    message = refused("train", finished_run[0], new_dir(tmp_path), "data.max_seq_length=100", f"data.files.train={long_train}",
+                      needles=["split 'train'", str(long_train), "up to 100 tokens", "64 positions", "data.max_seq_length to at most 64"])
+    assert not (tmp_path / "new" / "config.yaml").exists(), message
+
+
+# ----- the output folder ------------------------------------------------------------------------
+def test_faults_output_dir_is_a_file_or_under_one(refused, finished_run, tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder")
+    refused("train", finished_run[0], f"output_dir={blocker}", needles=[str(blocker), "is a file"])
+    refused("train", finished_run[0], f"output_dir={blocker / 'run'}", needles=[str(blocker / "run"), "lies under", "which is a file"])
+
+
+def test_faults_output_dir_cannot_be_created(refused, finished_run):
+    refused("train", finished_run[0], "output_dir=/proc/bertpipe-run", needles=["/proc/bertpipe-run", "cannot be created"])
+
+
+def test_faults_finished_run_without_overwrite(refused, finished_run, run_copy):
+    refused("train", finished_run[0], f"output_dir={run_copy}", needles=[str(run_copy), "already holds a finished run", "overwrite=true"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [(["data.files.train=/nowhere/train.jsonl"], ["data.files.train", "/nowhere/train.jsonl"]),
+     (["model.name_or_path=nobody/no-such-model"], ["'nobody/no-such-model'"]),
+     (["data.max_seq_length=100", "data.files.train=LONG"], ["data.max_seq_length to at most 64"])],
+)
+def test_faults_overwrite_keeps_the_old_run_when_the_new_one_is_invalid(refused, finished_run, run_copy, long_train, overrides, needles):
+    overrides = [override.replace("LONG", str(long_train)) for override in overrides]
+    refused("train", finished_run[0], f"output_dir={run_copy}", "overwrite=true", *overrides, needles=needles)
+    assert (run_copy / "metrics.json").is_file() and (run_copy / "model.safetensors").is_file()
+
+
+def test_faults_overwrite_never_deletes_a_folder_that_is_not_a_run(refused, finished_run, tmp_path):
+    folder = tmp_path / "photos"
+    (folder / "2024").mkdir(parents=True)
+    (folder / "2024" / "beach.jpg").write_bytes(b"\xff\xd8 a photo")
+    (folder / "notes.txt").write_text("keep me")
+    refused("train", finished_run[0], f"output_dir={folder}", "overwrite=true", needles=[str(folder), "not a bertpipe run"])
+    refused("train", finished_run[0], f"output_dir={folder}", needles=[str(folder), "not a bertpipe run"])
+
+
+def test_faults_overwrite_never_deletes_the_runs_own_inputs(refused, finished_run, run_copy, sentiment_files):
+    refused("train", finished_run[0], f"output_dir={run_copy}", "overwrite=true", f"model.name_or_path={run_copy}",
+            needles=["model.name_or_path", str(run_copy), "lies inside it"])
+    data = run_copy / "data"
+    data.mkdir()
+    shutil.copy(sentiment_files["train"], data / "train.jsonl")
+    refused("train", finished_run[0], f"output_dir={run_copy}", "overwrite=true", f"data.files.train={data / 'train.jsonl'}",
+            needles=["data.files.train", str(data / "train.jsonl"), "lies inside it"])
+
+
+def test_faults_leftover_of_a_killed_run_is_refused(refused, finished_run, run_copy):
+    (run_copy / "metrics.json").unlink()  # what a run killed after its checkpoints leaves
+    message = refused("train", finished_run[0], f"output_dir={run_copy}", needles=[str(run_copy), "unfinished run", "checkpoint"])
+    for way_out in ("train.resume_from_checkpoint=latest", "overwrite=true", "another output_dir"):
+        assert way_out in message
+
+
+def test_faults_overwrite_replaces_a_run_after_validation(capsys, finished_run, run_copy):
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_copy}", "overwrite=true",
+                                         "train.max_steps=2", "train.save_steps=null")
+    assert status == 0, stderr[-3000:]
+    assert json.loads((run_copy / "metrics.json").read_text())["global_step"] == 2
+    assert not (run_copy / "checkpoints").exists(), "the old run's checkpoints were kept beside the new run"
+
+
+# ----- resume -------------------------------------------------------------------------------------
+def test_faults_resume_with_other_trajectory_settings_lists_each(refused, finished_run, run_copy):
+    (run_copy / "metrics.json").unlink()
+    message = refused(
+        "train", finished_run[0], f"output_dir={run_copy}", "train.resume_from_checkpoint=latest",
+        "train.batch_size=16", "train.learning_rate=0.001", "train.logging_steps=1", "train.save_total_limit=5",
+        needles=["step-00000004", "train.batch_size: 8 in the checkpoint, 16 now",
+                 "train.learning_rate: 0.003 in the checkpoint, 0.001 now"],
+    )
+    assert "logging_steps" not in message.split("\n", 1)[1].split("Resume with")[0]  # cadence may change
+    assert "save_total_limit" not in message.split("\n", 1)[1].split("Resume with")[0]
+
+
+def test_faults_resume_without_or_from_a_corrupt_checkpoint(refused, finished_run, run_copy, tmp_path):
+    refused("train", finished_run[0], new_dir(tmp_path), "train.resume_from_checkpoint=latest", needles=["no complete checkpoint"])
+    checkpoint = run_copy / "checkpoints" / "step-00000004"
+    (checkpoint / "model.safetensors").write_bytes(b"truncated")
+    refused("train", finished_run[0], f"output_dir={run_copy}", f"train.resume_from_checkpoint={checkpoint}",
+            needles=[str(checkpoint), "cannot be loaded"])
+
+
+def test_faults_disk_full_while_checkpointing_keeps_the_complete_checkpoints(capsys, finished_run, tmp_path, monkeypatch):
+    from accelerate import Accelerator
+
+    save_state = Accelerator.save_state
+    calls = []
+
+    def fill_the_disk(self, output_dir=None, **kwargs):
+        calls.append(output_dir)
+        if len(calls) < 2:
+            return save_state(self, output_dir, **kwargs)
+        half = Path(output_dir) / "model.safetensors"
+        half.parent.mkdir(parents=True, exist_ok=True)
+        half.write_bytes(b"half a tensor")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(half))
+
+    monkeypatch.setattr(Accelerator, "save_state", fill_the_disk)
+    run_dir = tmp_path / "full"
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_dir}")
+    assert status == 2 and "Traceback" not in stderr
+    assert "No space left on device" in stderr and "step-00000004.partial" in stderr and "resume_from_checkpoint=latest" in stderr
+    checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000002"], "a partial checkpoint was left behind or a complete one lost"
+    assert (run_dir / "checkpoints" / "step-00000002" / "trainer_state.json").is_file()
+    assert not (run_dir / "metrics.json").exists()
+
+
+# ----- predict and evaluate -------------------------------------------------------------------------
+def test_faults_predict_output_is_the_input(refused, run_copy, tmp_path):
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text('{"sentence": "good film"}\n')
+    refused("predict", run_copy, "--input", inputs, "--output", inputs, needles=["--output", str(inputs), "is the --input file"])
+    refused("predict", run_copy, "--input", inputs, "--output", run_copy / "config.yaml", needles=[str(run_copy / "config.yaml"), "file of the run"])
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needles"),
+    [("empty.jsonl", "", ["is empty"]), ("prose.jsonl", "this is not json\n", ["line 1: not valid JSON"]),
+     ("empty.txt", "\n\n", ["holds no examples"]), ("blank_cell.csv", "sentence\ngood\n\"\"\n", ["row 2", "empty 'sentence' cell"]),
+     ("numbers.csv", "sentence\n1\n2\n", ["'sentence' holds int64 values, not text"])],
+)
+def test_faults_predict_bad_input(refused, run_copy, tmp_path, name, content, needles):
+    inputs = tmp_path / name
+    inputs.write_text(content)
+    refused("predict", run_copy, "--input", inputs, "--output", tmp_path / "out.jsonl", needles=[str(inputs), *needles])
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_faults_predict_missing_input_and_not_a_run(refused, run_copy, tmp_path):
+    refused("predict", run_copy, "--input", tmp_path / "none.jsonl", "--output", tmp_path / "o.jsonl", needles=[str(tmp_path / "none.jsonl"), "does not exist"])
+    refused("predict", run_copy, "--input", run_copy, "--output", tmp_path / "o.jsonl", needles=[str(run_copy), "is a folder"])
+    refused("predict", tmp_path, "--input", tmp_path / "none.jsonl", "--output", tmp_path / "o.jsonl", needles=[str(tmp_path), "not a bertpipe run"])
+
+
+def test_faults_predict_and_evaluate_on_an_unfinished_run(refused, run_copy, tmp_path):
+    (run_copy / "metrics.json").unlink()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (run_copy / name).unlink()  # a run killed mid-training has no model or tokenizer yet
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good"}])
+    for command in (["predict", run_copy, "--input", inputs, "--output", tmp_path / "o.jsonl"], ["evaluate", run_copy]):
+        refused(*command, needles=[str(run_copy), "no finished run", "resume_from_checkpoint=latest"])
+
+
+def test_faults_predict_txt_skips_blank_lines(capsys, run_copy, tmp_path):
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("good film\n\nbad film\n   \nlovely\n")
+    output = tmp_path / "predictions.jsonl"
+    status, stderr = bertpipe_in_process(capsys, "predict", run_copy, "--input", inputs, "--output", output)
+    assert status == 0, stderr[-3000:]
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["text"] for row in rows] == ["good film", "bad film", "lovely"], "blank lines must get no prediction"
+    assert all(row["label"] in ("positive", "negative") for row in rows)

@@ -1,0 +1,62 @@
+"""Which settings a resume may change: only cadence, trackers, retention, hub and speed settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.checkpoint import CheckpointError, check_resume_config, resume_differences
+
+SAVED = {
+    "task": "classification", "output_dir": "runs/a", "seed": 1, "overwrite": False,
+    "model": {"name_or_path": "m", "architecture": {"hidden_size": 32}},
+    "data": {"files": {"train": "t.jsonl"}, "max_seq_length": 64, "preprocessing_num_workers": None},
+    "train": {"batch_size": 8, "learning_rate": 0.001, "logging_steps": 10, "save_steps": 5, "save_total_limit": 2,
+              "eval_steps": 20, "report_to": [], "resume_from_checkpoint": None, "mixed_precision": "no"},
+    "hub": {"push": False, "repo_id": None},
+    "classification": {"problem_type": "auto"},
+}
+
+
+def changed(**sections):
+    tree = {key: (dict(value) if isinstance(value, dict) else value) for key, value in SAVED.items()}
+    for section, values in sections.items():
+        if isinstance(tree.get(section), dict):
+            tree[section] = {**tree[section], **values}
+        else:
+            tree[section] = values
+    return tree
+
+
+def test_checkpoint_resume_may_change_cadence_trackers_and_hub():
+    current = changed(
+        output_dir="runs/b", overwrite=True,
+        train={"logging_steps": 1, "save_steps": 2, "save_total_limit": 9, "eval_steps": 3, "report_to": ["tensorboard"],
+               "resume_from_checkpoint": "latest"},
+        hub={"push": True, "repo_id": "me/model"}, data={"preprocessing_num_workers": 4},
+    )
+    assert resume_differences(SAVED, current) == []
+
+
+def test_checkpoint_resume_lists_each_trajectory_key_with_both_values():
+    current = changed(seed=2, train={"batch_size": 16, "mixed_precision": "bf16"}, classification={"problem_type": "regression"})
+    current["model"] = {"name_or_path": "m", "architecture": {"hidden_size": 64}}
+    assert resume_differences(SAVED, current) == [
+        "classification.problem_type: 'auto' in the checkpoint, 'regression' now",
+        "model.architecture.hidden_size: 32 in the checkpoint, 64 now",
+        "seed: 1 in the checkpoint, 2 now",
+        "train.batch_size: 8 in the checkpoint, 16 now",
+        "train.mixed_precision: 'no' in the checkpoint, 'bf16' now",
+    ]
+
+
+def test_checkpoint_resume_config_check_reads_the_checkpoint_then_its_run(tmp_path):
+    import yaml
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000004"
+    checkpoint.mkdir(parents=True)
+    check_resume_config(checkpoint, changed(seed=5))  # nothing stored: nothing to compare
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(SAVED))  # a checkpoint from before configs were stored
+    with pytest.raises(CheckpointError, match=r"seed: 1 in the checkpoint, 5 now"):
+        check_resume_config(checkpoint, changed(seed=5))
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(changed(seed=5)))
+    check_resume_config(checkpoint, changed(seed=5))
