@@ -1,0 +1,121 @@
+"""``bertpipe sweep``'s entry point: check everything, open the study, run the workers, report.
+
+In:  a task config (YAML + ``key=value`` overrides), a search space (or the task's default), the
+     number of trials to finish, the study's name and storage, worker processes, a timeout, a pruner.
+Out: the study continued until it holds that many finished trials; the report (``sweep.md``,
+     ``best.yaml``, plots) in OUTPUT_DIR; the summary dict :func:`pipelines.sweep.report.write_report`
+     returns, plus any dead workers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+try:
+    import optuna
+except ImportError:  # the [sweep] extra; run_sweep says how to install it
+    optuna = None
+
+from pipelines.config import RunConfig, load_config, parse_override
+from pipelines.sweep.plan import JOURNAL_FILE, SweepPlan, TaskLookup, make_pruner, open_storage
+from pipelines.sweep.report import write_report
+from pipelines.sweep.space import SweepError, load_space
+from pipelines.sweep.workers import fail_dead_trials, run_workers, trial_dir
+
+# The objective when train.metric_for_best_model is unset: each task's headline metric.
+DEFAULT_OBJECTIVES = {
+    "classification": "eval_accuracy", "ner": "eval_f1", "qa": "eval_f1", "translation": "eval_bleu", "mlm": "eval_perplexity",
+}
+
+
+def run_sweep(
+    config_path: str,
+    overrides: Sequence[str],
+    get_task: TaskLookup,
+    *,
+    trials: int,
+    space_path: str | None = None,
+    study_name: str | None = None,
+    storage: str | None = None,
+    workers: int = 1,
+    timeout: float | None = None,
+    pruner: str = "median",
+) -> dict[str, Any]:
+    """Run (or continue) the study until it holds ``trials`` finished trials; write the report."""
+    if optuna is None:
+        raise SweepError("bertpipe sweep needs optuna: pip install -e '.[sweep]'")
+    for flag, value in (("--trials", trials), ("--workers", workers)):
+        if value < 1:
+            raise SweepError(f"{flag} must be at least 1 (got {value})")
+    if timeout is not None and timeout <= 0:
+        raise SweepError(f"--timeout must be positive seconds (got {timeout})")
+    options_for = lambda name: get_task(name).Options  # noqa: E731
+    base = load_config(config_path, list(overrides), options_for)
+    params = load_space(space_path, base, config_path=config_path, overrides=overrides, options_for=options_for)
+    metric = base.train.metric_for_best_model or DEFAULT_OBJECTIVES.get(base.task)
+    if not metric:
+        raise SweepError(f"{config_path}: set train.metric_for_best_model: the objective of the sweep")
+    if base.train.greater_is_better is not None:
+        maximize = base.train.greater_is_better
+    else:
+        maximize = get_task(base.task).higher_is_better.get(metric.removeprefix("eval_"), True)
+    make_pruner(pruner, trials)  # an unknown name fails here, before anything is written
+    output_dir = Path(base.output_dir)
+    plan = SweepPlan(
+        config_path=str(config_path), overrides=tuple(_pins(base, overrides, workers)), params=tuple(params),
+        metric=metric, direction="maximize" if maximize else "minimize", trials=trials, output_dir=str(output_dir),
+        study_name=study_name or output_dir.name, storage=storage or str(output_dir / JOURNAL_FILE),
+        pruner=pruner, seed=base.seed, deadline=time.time() + timeout if timeout else None,
+        first_report=(base.train.eval_steps or 1) * base.train.batch_size * base.train.gradient_accumulation_steps,
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    study = _create_study(plan)
+    for number in fail_dead_trials(study):
+        print(f"trial {number}: its worker process is gone; marked failed, {trial_dir(plan, number)} left as it was")
+    started = time.perf_counter()
+    dead_workers = run_workers(plan, get_task, workers)
+    wall = time.perf_counter() - started
+    report = write_report(optuna.load_study(study_name=plan.study_name, storage=open_storage(plan.storage)), plan, wall, options_for)
+    report["dead_workers"] = dead_workers
+    return report
+
+
+def _pins(config: RunConfig, overrides: Sequence[str], workers: int) -> list[str]:
+    """Settings a trial fixes so that its config reproduces it on another machine or process count."""
+    from pipelines.runtime import resolve_mixed_precision
+
+    # Each trial writes to its own directory: the sweep's output_dir is no trial's setting.
+    pins = [override for override in overrides if parse_override(override)[0] != ["output_dir"]]
+    if config.train.mixed_precision == "auto":
+        # auto is bf16 on some machines and fp32 on others; best.yaml must say which one ran.
+        pins.append(f"train.mixed_precision={resolve_mixed_precision('auto')}")
+    if not config.train.torch_num_threads:
+        # Each of K workers gets its share of the cores; the thread count also changes float
+        # summation order, so best.yaml keeps it to reproduce the metric exactly.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        pins.append(f"train.torch_num_threads={max(1, cores // workers)}")
+    return pins
+
+
+def _create_study(plan: SweepPlan):
+    try:
+        study = optuna.create_study(
+            storage=open_storage(plan.storage), study_name=plan.study_name, direction=plan.direction, load_if_exists=True,
+        )
+    except Exception as error:  # a bad URL, an unreachable server, a journal that is not one
+        if isinstance(error, SweepError):
+            raise
+        raise SweepError(f"--storage {plan.storage}: cannot open the Optuna study: {error}") from None
+    objective = study.user_attrs.get("objective")
+    if objective is None:
+        study.set_user_attr("objective", plan.metric)
+    elif objective != plan.metric or study.direction.name.lower() != plan.direction:
+        raise SweepError(
+            f"study {plan.study_name!r} in {plan.storage} optimises {objective} ({study.direction.name.lower()}), not "
+            f"{plan.metric} ({plan.direction}); use another --study or output_dir"
+        )
+    return study
