@@ -138,7 +138,9 @@ train:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("ACCELERATE_", "BERTPIPE_"))}
+    # BERTPIPE_NATIVE_BF16 passes through, so `BERTPIPE_NATIVE_BF16=1 pytest` runs every CLI test as on a bf16 CPU.
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("ACCELERATE_", "BERTPIPE_")) or key == "BERTPIPE_NATIVE_BF16"}
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.update(extra)
     return env
