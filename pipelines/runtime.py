@@ -24,7 +24,8 @@ from typing import Iterator
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration
+from accelerate import __version__ as accelerate_version
+from accelerate.utils import DistributedType, ProjectConfiguration
 
 from pipelines.config import ConfigError, RunConfig
 
@@ -101,7 +102,7 @@ def build_accelerator(config: RunConfig, *, with_trackers: bool = True, mixed_pr
     if train.torch_num_threads:
         torch.set_num_threads(train.torch_num_threads)
     trackers = list(train.report_to) if with_trackers and train.report_to else None
-    return Accelerator(
+    accelerator = Accelerator(
         cpu=not has_accelerator_device(),
         mixed_precision=mixed_precision or resolve_mixed_precision(train.mixed_precision),
         gradient_accumulation_steps=train.gradient_accumulation_steps,
@@ -110,6 +111,14 @@ def build_accelerator(config: RunConfig, *, with_trackers: bool = True, mixed_pr
             project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "tracking")
         ),
     )
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and accelerator.distributed_type != DistributedType.FSDP:
+        # accelerate 1.15 turns FSDP on only for GPU-class process groups: on a CPU the processes form a
+        # gloo MULTI_CPU group and the FSDP config would be dropped silently, training plain DDP.
+        raise ConfigError(
+            f"the Accelerate config asks for FSDP, but accelerate {accelerate_version} runs FSDP only on GPUs "
+            f"(here: {accelerator.distributed_type.value} on {accelerator.device}); use configs/accelerate/cpu.yaml on a CPU"
+        )
+    return accelerator
 
 
 @contextmanager

@@ -155,3 +155,20 @@ def test_runtime_fsdp_plugin_gets_the_layer_classes_only_when_the_config_names_n
     runtime.wrap_model_layers_for_fsdp(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=named)), bert)
     assert named.transformer_cls_names_to_wrap == ["BertAttention"]
     runtime.wrap_model_layers_for_fsdp(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=None)), bert)  # DDP: nothing to do
+
+
+def test_runtime_fsdp_config_on_a_cpu_is_refused_not_dropped(monkeypatch, tmp_path, tiny_bert, sentiment_files):
+    from accelerate.state import AcceleratorState
+
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files)), [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch --config_file configs/accelerate/fsdp.yaml` sets
+    try:
+        with pytest.raises(ConfigError, match="runs FSDP only on GPUs"):
+            runtime.build_accelerator(config, with_trackers=False)
+    finally:
+        AcceleratorState._reset_state(True)
