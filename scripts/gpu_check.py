@@ -130,12 +130,17 @@ def download_wheels(names: dict[str, str], folder: Path, python_version: str, lo
                    python_version, "--implementation", "cp", *[arg for p in platforms for arg in ("--platform", p)], "-d", str(folder), spec]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
+            before = set(folder.iterdir())
             built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), spec],
                                    capture_output=True, text=True)
-            if built.returncode != 0:
+            new = set(folder.iterdir()) - before
+            # A wheel built here is for this Python; only a pure-Python one also installs on the target.
+            if built.returncode != 0 or not new or not all(path.name.endswith("-none-any.whl") for path in new):
+                for path in new:
+                    path.unlink()
                 failed[name] = (result.stderr.strip().splitlines() or ["pip download failed"])[-1]
                 continue
-            log.append(f"{spec}: no binary wheel on the index, built one locally")
+            log.append(f"{spec}: no binary wheel on the index, built a pure-Python one locally")
     return failed
 
 

@@ -64,6 +64,7 @@ def test_gpu_fused_adamw_steps_on_the_device(tiny_bert):
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
     optimizer = build_optimizer(model, TrainConfig(learning_rate=1e-3))
+    AcceleratorState._reset_state(True)  # a process-wide singleton: another in-process test may hold one
     try:
         accelerator = Accelerator(mixed_precision="fp16")
         model, optimizer = accelerator.prepare(model, optimizer)

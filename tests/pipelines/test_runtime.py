@@ -25,6 +25,17 @@ def cpu_with_flags(monkeypatch, tmp_path):
 
 
 @pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate's state is a process-wide singleton that refuses a second precision: start and end clean
+    (another in-process test may have created one in this worker)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+@pytest.fixture
 def gpu(monkeypatch):
     """A CUDA machine whose GPU has native bf16 or not; records the query torch was asked."""
     asked = {}
@@ -92,25 +103,21 @@ def test_runtime_inference_precision_is_fp32_unless_asked(cpu_with_flags):
         runtime.resolve_inference_precision("int8")
 
 
-def test_runtime_without_autocast_runs_a_bf16_prepared_model_in_fp32():
+def test_runtime_without_autocast_runs_a_bf16_prepared_model_in_fp32(fresh_accelerate_state):
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
     inputs = torch.randn(16, 64)
     with torch.no_grad():
         reference = model(inputs)
-    try:
-        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
-        prepared = accelerator.prepare(model)
-        with torch.no_grad():
-            autocast = prepared(inputs)
-            with runtime.without_autocast(accelerator, prepared):
-                plain = prepared(inputs)
-            again = prepared(inputs)
-    finally:
-        AcceleratorState._reset_state(True)
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    prepared = accelerator.prepare(model)
+    with torch.no_grad():
+        autocast = prepared(inputs)
+        with runtime.without_autocast(accelerator, prepared):
+            plain = prepared(inputs)
+        again = prepared(inputs)
     assert torch.equal(plain, reference)
     assert not torch.allclose(autocast, reference, atol=1e-4)  # bf16 keeps ~3 significant digits
     assert torch.equal(again, autocast)  # the autocast wrapper is back for training
@@ -157,9 +164,7 @@ def test_runtime_fsdp_plugin_gets_the_layer_classes_only_when_the_config_names_n
     runtime.wrap_model_layers_for_fsdp(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=None)), bert)  # DDP: nothing to do
 
 
-def test_runtime_fsdp_config_on_a_cpu_is_refused_not_dropped(monkeypatch, tmp_path, tiny_bert, sentiment_files):
-    from accelerate.state import AcceleratorState
-
+def test_runtime_fsdp_config_on_a_cpu_is_refused_not_dropped(monkeypatch, tmp_path, tiny_bert, sentiment_files, fresh_accelerate_state):
     from pipelines.cli import load_run_config
     from tasks import get_task
     from tests.conftest import classification_config
@@ -167,8 +172,5 @@ def test_runtime_fsdp_config_on_a_cpu_is_refused_not_dropped(monkeypatch, tmp_pa
     config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files)), [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch --config_file configs/accelerate/fsdp.yaml` sets
-    try:
-        with pytest.raises(ConfigError, match="runs FSDP only on GPUs"):
-            runtime.build_accelerator(config, with_trackers=False)
-    finally:
-        AcceleratorState._reset_state(True)
+    with pytest.raises(ConfigError, match="runs FSDP only on GPUs"):
+        runtime.build_accelerator(config, with_trackers=False)
