@@ -1,7 +1,7 @@
 """The ``bertpipe`` command line.
 
-In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY=VALUE ...]``,
-     ``bertpipe predict RUN_DIR --input FILE --output FILE [KEY=VALUE ...]``,
+In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [--precision P] [KEY=VALUE ...]``,
+     ``bertpipe predict RUN_DIR --input FILE --output FILE [--precision P] [KEY=VALUE ...]``,
      ``bertpipe merge RUN_DIR [--out DIR]`` (adapter -> full model),
      ``bertpipe publish RUN_DIR --repo-id OWNER/NAME [--private|--public] [--revision BRANCH]
      [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
@@ -70,12 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="evaluate a finished run (e.g. data.eval_split=test)")
     evaluate.add_argument("run_dir")
     evaluate.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    _add_precision_option(evaluate)
 
     predict = commands.add_parser("predict", help="predict a jsonl/csv/txt file with a finished run")
     predict.add_argument("run_dir")
     predict.add_argument("--input", required=True)
     predict.add_argument("--output", required=True)
     predict.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    _add_precision_option(predict)
 
     convert = commands.add_parser("convert-bert", help="transformers BERT checkpoint -> bertpipe's own BERT (or back)")
     convert.add_argument("source")
@@ -131,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_precision_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--precision", choices=["fp32", "bf16", "fp16", "auto"], default="fp32",
+        help="inference precision (default fp32, as in training's evaluations and pipeline(); auto: train.mixed_precision's rule)",
+    )
+
+
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
     if args.command == "train":
         from pipelines.train import train
@@ -142,12 +151,12 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         from pipelines.evaluation import evaluate_run
 
         config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
-        _print_metrics(evaluate_run(config, get_task(config.task)(config), args.run_dir))
+        _print_metrics(evaluate_run(config, get_task(config.task)(config), args.run_dir, precision=args.precision))
     elif args.command == "predict":
         from pipelines.evaluation import predict_file
 
         config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
-        count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output)
+        count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output, precision=args.precision)
         print(f"wrote {count} predictions to {args.output}")
     elif args.command == "benchmark" and args.predict:
         from pipelines.benchmark import run_predict_benchmark

@@ -1,7 +1,9 @@
 """Evaluation and prediction: predict -> pad across processes -> gather_for_metrics -> postprocess -> metrics.
 
 In:  a prepared model and eval dataloader, the task, the eval features and raw examples.
-Out: the task's example-level predictions and a flat ``{"eval_<name>": value}`` dict. Every process
+Out: the task's example-level predictions and a flat ``{"eval_<name>": value}`` dict. Forward passes
+     run in fp32 unless told to keep the accelerator's mixed precision (pipelines.runtime: the
+     inference-precision rule), so scores do not depend on what ``auto`` meant for training. Every process
      runs the forward passes; ``gather_for_metrics`` drops the samples Accelerate repeats to even
      out the last batch, so each feature is counted exactly once. Postprocessing runs on every
      process on identical gathered arrays (cheap, and it keeps processes in step).
@@ -28,7 +30,7 @@ from pipelines.modeling import (
     MERGED_DIR, ModelError, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
 )
 from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, write_json
-from pipelines.runtime import build_accelerator
+from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
 
 
@@ -49,17 +51,23 @@ def concat_padded(chunks: list[np.ndarray], pad_value: float) -> np.ndarray:
 
 @torch.no_grad()
 def run_predictions(
-    accelerator: Accelerator, model, dataloader, task: Task, *, order: np.ndarray | None = None, description: str = "eval"
+    accelerator: Accelerator, model, dataloader, task: Task, *, order: np.ndarray | None = None, description: str = "eval",
+    mixed_precision: bool = False,
 ) -> dict[str, np.ndarray]:
     """Forward every feature once across all processes; returns gathered outputs in dataset order.
 
     ``order`` is the feature index of each row in iteration order (the sampler's), when the
-    dataloader does not walk the dataset in order.
+    dataloader does not walk the dataset in order. ``mixed_precision``: keep the accelerator's
+    bf16/fp16 autocast instead of running in fp32.
     """
     model.eval()
     collected: dict[str, list[np.ndarray]] = {}
     for batch in tqdm(dataloader, desc=description, disable=not accelerator.is_local_main_process, leave=False):
-        outputs = task.predict_step(model, batch)
+        if mixed_precision:
+            outputs = task.predict_step(model, batch)
+        else:
+            with without_autocast(accelerator, model):
+                outputs = task.predict_step(model, batch)
         for key, tensor in outputs.items():
             pad_value = task.output_pad_values.get(key, -100)
             if tensor.ndim >= 2:
@@ -80,9 +88,10 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def evaluate(
-    accelerator: Accelerator, model, dataloader, task: Task, features: Dataset, examples: Dataset, *, order: np.ndarray | None = None
+    accelerator: Accelerator, model, dataloader, task: Task, features: Dataset, examples: Dataset, *,
+    order: np.ndarray | None = None, mixed_precision: bool = False,
 ) -> tuple[Any, dict[str, float]]:
-    outputs = run_predictions(accelerator, model, dataloader, task, order=order)
+    outputs = run_predictions(accelerator, model, dataloader, task, order=order, mixed_precision=mixed_precision)
     count = len(next(iter(outputs.values())))
     if count != len(features):
         raise RuntimeError(f"gathered {count} predictions for {len(features)} features; evaluation lost or repeated some")
@@ -92,8 +101,9 @@ def evaluate(
     return predictions, metrics
 
 
-def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str):
-    """The run's tokenizer and model; an adapter run comes back as a PeftModel on its base weights
+def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision: str):
+    """An accelerator in the inference ``precision`` (fp32, bf16, fp16, auto), and the run's tokenizer
+    and model; an adapter run comes back as a PeftModel on its base weights
     (``pipelines.modeling.load_model`` rebuilds it when the task loads ``model_path``)."""
     if not (Path(run_dir) / METRICS_FILE).is_file():
         raise OutputDirError(
@@ -101,7 +111,7 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str):
             f"with `bertpipe train {Path(run_dir) / CONFIG_FILE} train.resume_from_checkpoint=latest`, or point to a "
             "finished run"
         )
-    accelerator = build_accelerator(config, with_trackers=False)
+    accelerator = build_accelerator(config, with_trackers=False, mixed_precision=resolve_inference_precision(precision))
     task.build_tokenizer(None, model_path=run_dir)
     model = task.build_model(None, model_path=run_dir)
     if is_adapter_dir(run_dir) and not is_peft_model(model):
@@ -112,16 +122,19 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str):
     return accelerator, model
 
 
-def evaluate_run(config: RunConfig, task: Task, run_dir: str) -> dict[str, float]:
+def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str = "fp32") -> dict[str, float]:
     """Evaluate a finished run on ``data.eval_split``; writes ``eval_<split>.json`` beside the model."""
-    accelerator, model = _prepare_finished_run(config, task, run_dir)
+    accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     with accelerator.main_process_first():
         examples = task.load(include_train=False)[config.data.eval_split]
         features = task.preprocess(examples, train=False)
     loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
     model, loader = accelerator.prepare(model, loader)
     started = time.perf_counter()
-    predictions, metrics = evaluate(accelerator, model, loader, task, features, examples, order=sampler.order)
+    predictions, metrics = evaluate(
+        accelerator, model, loader, task, features, examples, order=sampler.order, mixed_precision=accelerator.mixed_precision != "no"
+    )
+    metrics["eval_precision"] = _precision_name(accelerator.mixed_precision)
     metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
     metrics["num_processes"] = accelerator.num_processes
     if accelerator.is_main_process:
@@ -129,20 +142,22 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str) -> dict[str, float
     return metrics
 
 
-def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, output_path: str) -> int:
+def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, output_path: str, *, precision: str = "fp32") -> int:
     """Predict every example of ``input_path``; writes one JSON object per line; returns the count.
 
     The output is written beside its final name and renamed into place, so a failure never leaves a
     half-written file, and it may not be the input itself or one of the run's own files.
     """
     check_prediction_output(run_dir, input_path, output_path)
-    accelerator, model = _prepare_finished_run(config, task, run_dir)
+    accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     examples = task.load_inputs(input_path)
     features = task.preprocess(examples, train=False)
     check_sequence_lengths(accelerator.unwrap_model(model).config, features, where=f"--input {input_path}")
     loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
     model, loader = accelerator.prepare(model, loader)
-    outputs = run_predictions(accelerator, model, loader, task, order=sampler.order, description="predict")
+    outputs = run_predictions(
+        accelerator, model, loader, task, order=sampler.order, description="predict", mixed_precision=accelerator.mixed_precision != "no"
+    )
     predictions = task.postprocess(outputs, features, examples)
     rows = task.format_predictions(predictions, examples)
     if accelerator.is_main_process:
@@ -168,6 +183,10 @@ def check_prediction_output(run_dir: str, input_path: str, output_path: str) -> 
     # config, metrics and card may not.
     if output.parent == Path(run_dir).resolve() and output.exists() and (output.suffix != ".jsonl" or output.name == LOG_FILE):
         raise OutputDirError(f"--output {output_path} is a file of the run {run_dir}; predictions would replace it. Choose another --output")
+
+
+def _precision_name(mixed_precision: str) -> str:
+    return "fp32" if mixed_precision == "no" else mixed_precision
 
 
 def merge_run(config: RunConfig, task: Task, run_dir: str, out_dir: str | None = None) -> Path:

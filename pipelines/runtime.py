@@ -1,33 +1,68 @@
-"""Process setup shared by training, evaluation and prediction.
+"""Process setup and numeric precision shared by training, evaluation and prediction.
 
-In:  the run config.
-Out: an ``Accelerator`` that does the right thing on CPU-only machines: ``accelerate launch
+In:  the run config (``train.mixed_precision``), an inference precision (``bertpipe evaluate|predict
+     --precision``), and the environment variable ``BERTPIPE_NATIVE_BF16``.
+Out: an ``Accelerator`` that does the right thing on CPU-only machines (``accelerate launch
      --multi_gpu --num_processes N`` there starts N processes that each believe they are alone
-     unless the Accelerator runs in CPU mode, in which case they join one gloo process group.
+     unless the Accelerator runs in CPU mode, in which case they join one gloo process group), the
+     Accelerate precision that ``auto`` means on this hardware, and :func:`without_autocast`, which
+     runs a prepared model's forward in fp32 even when training runs in bf16/fp16.
+
+The inference-precision rule (README, "Numeric precision"): every evaluation and prediction, during
+training included, runs in fp32 unless ``--precision`` asks otherwise, so ``metrics.json``,
+``bertpipe evaluate``, ``bertpipe predict`` and ``pipeline()`` (which loads the fp32 weights) agree on
+every machine, whatever ``train.mixed_precision`` resolved to there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration
+from accelerate import __version__ as accelerate_version
+from accelerate.utils import DistributedType, ProjectConfiguration
 
-from pipelines.config import RunConfig
+from pipelines.config import ConfigError, RunConfig
 
 logger = logging.getLogger(__name__)
+
+# "1" makes this machine count as having native bf16, "0" as lacking it, so that either branch of
+# `train.mixed_precision: auto` (and on a GPU: bf16 or fp16) can be exercised on any machine.
+NATIVE_BF16_ENV = "BERTPIPE_NATIVE_BF16"
+INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 
 
 def has_accelerator_device() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
+def _env_native_bf16() -> bool | None:
+    value = os.environ.get(NATIVE_BF16_ENV, "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ConfigError(f"{NATIVE_BF16_ENV}={os.environ[NATIVE_BF16_ENV]!r} is neither 1 nor 0 (or unset: ask the hardware)")
+
+
 def native_bf16() -> bool:
-    """Whether bf16 matmuls run natively here (not emulated, which is ~20x slower than fp32)."""
+    """Whether bf16 matmuls run natively here (not emulated, which is ~20x slower than fp32 on a CPU).
+
+    ``BERTPIPE_NATIVE_BF16=1|0`` overrides the hardware query, in both directions.
+    """
+    forced = _env_native_bf16()
+    if forced is not None:
+        return forced
     if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
+        # Without including_emulation=False, torch answers True on pre-Ampere GPUs that only emulate bf16.
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -36,24 +71,102 @@ def native_bf16() -> bool:
 
 
 def resolve_mixed_precision(requested: str) -> str:
+    """``train.mixed_precision`` -> the value Accelerate takes (``no``, ``bf16`` or ``fp16``).
+
+    ``auto``: on a GPU bf16 where it is native, else fp16 (Accelerate adds the dynamic loss scaling
+    fp16 needs); on a CPU bf16 where it is native, else fp32.
+    """
+    gpu = torch.cuda.is_available()
     if requested == "auto":
-        return "bf16" if native_bf16() else "no"
+        if native_bf16():
+            return "bf16"
+        return "fp16" if gpu else "no"
+    if requested == "fp16" and not has_accelerator_device():
+        # Accelerate would stop with a ValueError and a traceback: fp16 autocast needs a GPU.
+        raise ConfigError("train.mixed_precision=fp16 needs a GPU; on a CPU use bf16, no or auto")
     if requested == "bf16" and not native_bf16():
         logger.warning("train.mixed_precision=bf16 on hardware without native bf16: expect it to be much slower than fp32")
     return requested
 
 
-def build_accelerator(config: RunConfig, *, with_trackers: bool = True) -> Accelerator:
+def resolve_inference_precision(requested: str = "fp32") -> str:
+    """``--precision`` of ``bertpipe evaluate|predict`` (fp32, bf16, fp16, auto) -> Accelerate's value."""
+    if requested not in INFERENCE_PRECISIONS:
+        raise ConfigError(f"--precision {requested!r} is not one of {', '.join(INFERENCE_PRECISIONS)}")
+    return "no" if requested == "fp32" else resolve_mixed_precision(requested)
+
+
+def build_accelerator(config: RunConfig, *, with_trackers: bool = True, mixed_precision: str | None = None) -> Accelerator:
+    """The run's Accelerator; ``mixed_precision`` (Accelerate's value) replaces the training precision."""
     train = config.train
     if train.torch_num_threads:
         torch.set_num_threads(train.torch_num_threads)
     trackers = list(train.report_to) if with_trackers and train.report_to else None
-    return Accelerator(
+    accelerator = Accelerator(
         cpu=not has_accelerator_device(),
-        mixed_precision=resolve_mixed_precision(train.mixed_precision),
+        mixed_precision=mixed_precision or resolve_mixed_precision(train.mixed_precision),
         gradient_accumulation_steps=train.gradient_accumulation_steps,
         log_with=trackers,
         project_config=ProjectConfiguration(
             project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "tracking")
         ),
     )
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and accelerator.distributed_type != DistributedType.FSDP:
+        # accelerate 1.15 turns FSDP on only for GPU-class process groups: on a CPU the processes form a
+        # gloo MULTI_CPU group and the FSDP config would be dropped silently, training plain DDP.
+        raise ConfigError(
+            f"the Accelerate config asks for FSDP, but accelerate {accelerate_version} runs FSDP only on GPUs "
+            f"(here: {accelerator.distributed_type.value} on {accelerator.device}); use configs/accelerate/cpu.yaml on a CPU"
+        )
+    return accelerator
+
+
+@contextmanager
+def without_autocast(accelerator: Accelerator, model) -> Iterator[None]:
+    """Run ``model`` (as prepared by ``accelerator``) in fp32 inside the block.
+
+    With bf16/fp16, ``Accelerator.prepare`` replaces the model's ``forward`` by an autocast wrapper
+    and keeps the plain one as ``_original_forward``; the plain one is swapped back in for the block
+    (``generate()`` calls ``forward`` too). Weights are fp32 under autocast, so this is exact fp32.
+    FSDP's and DeepSpeed's own bf16 (weights or compute held in bf16) are not autocast and stay as they are.
+    """
+    inner = accelerator.unwrap_model(model)
+    plain = getattr(inner, "_original_forward", None)
+    if plain is None or "forward" not in vars(inner):
+        yield
+        return
+    patched = inner.forward
+    inner.forward = plain
+    try:
+        yield
+    finally:
+        inner.forward = patched
+
+
+def layer_classes_to_wrap(model: torch.nn.Module) -> list[str]:
+    """Class names of the model's repeated blocks, each of which FSDP shards as one unit.
+
+    ``_no_split_modules`` when the model declares it (transformers 5 collects it per instance from the
+    submodules, e.g. ``BertEmbeddings`` and ``BertLayer``; a peft wrapper passes it through); otherwise, as
+    for bertpipe's own models, the class of the blocks in each ``nn.ModuleList`` of identical modules.
+    """
+    declared = getattr(model, "_no_split_modules", None)
+    if declared:
+        return sorted(declared)
+    names: list[str] = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
+            kinds = {type(child).__name__ for child in module}
+            if len(kinds) == 1 and (name := kinds.pop()) not in names:
+                names.append(name)
+    return names
+
+
+def wrap_model_layers_for_fsdp(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Under FSDP with transformer-based wrapping and no class named in the Accelerate config, name the
+    model's own block classes (before ``prepare``), so one config serves every architecture."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is None or plugin.transformer_cls_names_to_wrap:
+        return
+    plugin.transformer_cls_names_to_wrap = layer_classes_to_wrap(model)
+    logger.info("FSDP wraps each %s", " / ".join(plugin.transformer_cls_names_to_wrap))

@@ -37,7 +37,7 @@ from pipelines.modeling import (
     save_merged_model,
 )
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
-from pipelines.runtime import build_accelerator
+from pipelines.runtime import build_accelerator, wrap_model_layers_for_fsdp
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ def train(
         eval_features, task.collator(train=False), eval_batch_size, num_workers=config.train.dataloader_num_workers
     )
 
+    wrap_model_layers_for_fsdp(accelerator, model)
     optimizer = build_optimizer(model, config.train)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     plan = plan_steps(config.train, len(train_loader))

@@ -138,8 +138,12 @@ train:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("ACCELERATE_", "BERTPIPE_"))}
-    env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    # BERTPIPE_NATIVE_BF16 passes through, so `BERTPIPE_NATIVE_BF16=1 pytest` runs every CLI test as on a bf16 CPU.
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("ACCELERATE_", "BERTPIPE_")) or key == "BERTPIPE_NATIVE_BF16"}
+    # Kept after the repo: scripts/gpu_check.sh puts the wheels it installed there.
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env.update(PYTHONPATH=python_path, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.update(extra)
     return env
 

@@ -1,26 +1,107 @@
-"""A real two-process (gloo) run on CPU through ``accelerate launch --multi_gpu``."""
+"""Real multi-process (gloo) runs on CPU through ``accelerate launch --multi_gpu``: two processes on one
+machine, and two Accelerate "machines" of one process each (``--num_machines 2 --machine_rank 0|1``)
+meeting at 127.0.0.1, which must train exactly what the one-machine run trains."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO_ROOT, classification_config, cli_env
 
+# scripts/train.py, plus a record of the process group each process ran in (written after training, from
+# Accelerate's PartialState and the variables torchrun sets per node).
+RECORDING_TRAIN_SCRIPT = f"""
+import json, os, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from tasks.cli import main
+code = main(["train", *sys.argv[1:]])
+from accelerate.state import PartialState
+state = PartialState()
+record = {{"process_index": state.process_index, "local_process_index": state.local_process_index,
+          "num_processes": state.num_processes, "backend": state.backend, "node_rank": int(os.environ["GROUP_RANK"]),
+          "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"])}}
+with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{state.process_index}}.json"), "w") as handle:
+    json.dump(record, handle)
+sys.exit(code)
+"""
 
-def test_cli_two_process_run_counts_every_eval_example_once(tmp_path, tiny_bert, sentiment_files):
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="ddp", num_epochs=2, eval_steps=6)
-    result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29617",
-         "scripts/train.py", str(config)],
-        cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=600,
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(script: Path, config: Path, ranks: Path, *machine_args: str) -> subprocess.Popen:
+    ranks.mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+         *machine_args, str(script), str(config)],
+        cwd=REPO_ROOT, env=cli_env(RANKS_DIR=str(ranks), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
-    metrics = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
+
+
+def finish(process: subprocess.Popen) -> None:
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-4000:]
+
+
+def ranks_of(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("rank-*.json"))]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_bert, sentiment_files) -> dict[str, Path]:
+    """The same config (fp32 pinned: weights are compared) on one machine x 2 processes and 2 machines x 1."""
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    script = tmp_path / "train_and_record.py"
+    script.write_text(RECORDING_TRAIN_SCRIPT)
+    train = dict(num_epochs=2, eval_steps=6, mixed_precision="no", torch_num_threads=1)
+    one = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="one_machine", **train)
+    finish(launch(script, one, tmp_path / "one_machine_ranks", "--num_processes", "2", "--num_machines", "1",
+                  "--main_process_port", str(free_port())))
+    two = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="two_machines", **train)
+    port = str(free_port())
+    machines = [
+        launch(script, two, tmp_path / "two_machines_ranks", "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
+               "--main_process_ip", "127.0.0.1", "--main_process_port", port)
+        for rank in (0, 1)
+    ]
+    for machine in machines:
+        finish(machine)
+    return {"one": tmp_path / "one_machine", "two": tmp_path / "two_machines",
+            "one_ranks": tmp_path / "one_machine_ranks", "two_ranks": tmp_path / "two_machines_ranks"}
+
+
+def test_cli_two_process_run_counts_every_eval_example_once(runs):
+    metrics = json.loads((runs["one"] / "metrics.json").read_text())
     assert metrics["num_processes"] == 2
     assert metrics["eval_samples"] == 37  # odd: a duplicated last batch would make it 38
     # 96 examples, batch 8 per process: 6 batches per process per epoch, 2 epochs.
     assert metrics["global_step"] == 12
     assert metrics["train_samples"] == 192
+    assert [(r["process_index"], r["node_rank"], r["local_world_size"]) for r in ranks_of(runs["one_ranks"])] == [(0, 0, 2), (1, 0, 2)]
+
+
+def test_cli_two_machines_train_what_one_machine_with_two_processes_trains(runs):
+    from safetensors.torch import load_file
+
+    ranks = ranks_of(runs["two_ranks"])
+    assert [(r["process_index"], r["local_process_index"], r["node_rank"], r["local_world_size"]) for r in ranks] == [
+        (0, 0, 0, 1), (1, 0, 1, 1)
+    ]
+    assert all(r["num_processes"] == 2 and r["backend"] == "gloo" for r in ranks)
+    one, two = (json.loads((runs[name] / "metrics.json").read_text()) for name in ("one", "two"))
+    assert two["num_processes"] == 2 and two["global_step"] == one["global_step"] == 12
+    for key in ("eval_accuracy", "eval_f1_macro", "eval_samples", "train_samples", "train_loss"):
+        assert two[key] == pytest.approx(one[key], rel=1e-6), key
+    weights_one, weights_two = (load_file(runs[name] / "model.safetensors") for name in ("one", "two"))
+    assert weights_one.keys() == weights_two.keys()
+    for name, tensor in weights_one.items():
+        assert (weights_two[name] - tensor).abs().max().item() <= 1e-6, name
