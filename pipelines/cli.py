@@ -5,7 +5,9 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY
      ``bertpipe merge RUN_DIR [--out DIR]`` (adapter -> full model),
      ``bertpipe publish RUN_DIR --repo-id OWNER/NAME [--private|--public] [--revision BRANCH]
      [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
-     ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]`` and the tool commands.
+     ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]``,
+     ``bertpipe export RUN_DIR --out DIR [--quantize int8] [--opset N]`` (ONNX; ``predict``/``evaluate``
+     take the export directory too) and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
      (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
 
@@ -25,6 +27,7 @@ from pipelines.benchmark import BenchmarkError
 from pipelines.checkpoint import CheckpointError
 from pipelines.config import ConfigError, RunConfig, load_config
 from pipelines.data import DataError
+from pipelines.export import ExportError
 from pipelines.hub import HubUnavailableError
 from pipelines.modeling import ModelError
 from pipelines.outputs import OutputDirError, load_saved_config
@@ -33,7 +36,7 @@ from pipelines.task import Task
 
 USER_ERRORS = (
     BenchmarkError, ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError,
-    PublishError, FileNotFoundError,
+    PublishError, FileNotFoundError, ExportError,
 )
 
 TaskLookup = Callable[[str], type[Task]]
@@ -103,10 +106,42 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--merged", action="store_true", help="publish RUN_DIR/merged (a full model) instead of the adapter")
     publish.add_argument("--dry-run", action="store_true", help="write the folder that would be uploaded to --out and list it")
     publish.add_argument("--out", help="with --dry-run: the folder to write")
+    _add_edge_commands(commands)
     return parser
 
 
+# ----- edge: export to ONNX (int8), distil (issue 19) -----------------------------------------
+def _add_edge_commands(commands) -> None:
+    export = commands.add_parser("export", help="a finished run as ONNX (dynamic batch/sequence axes), optionally int8")
+    export.add_argument("run_dir")
+    export.add_argument("--out", required=True, help="the export directory (model.onnx, tokenizer, export.json)")
+    export.add_argument("--format", default="onnx", choices=["onnx"])
+    export.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantisation with onnxruntime")
+    export.add_argument("--opset", type=int, default=18, help="ONNX opset (18 or newer; default 18)")
+    export.add_argument("--parity-samples", type=int, default=64, help="eval examples the parity check runs on (default 64)")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
+
+def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
+    """Runs ``export``; False for any other command."""
+    if args.command == "export":
+        from pipelines.export import export_run
+
+        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
+        summary = export_run(
+            config, get_task(config.task)(config), args.run_dir, args.out, quantize=args.quantize, opset=args.opset,
+            parity_samples=args.parity_samples, overwrite=args.overwrite,
+        )
+        print(json.dumps({key: summary[key] for key in ("precision", "opset", "size_bytes", "parity")}, indent=2))
+        print(f"wrote {args.out}")
+        return True
+    return False
+
+
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
+    if _run_edge_command(args, get_task):
+        return 0
     if args.command == "train":
         from pipelines.train import train
 

@@ -82,6 +82,14 @@ def load_model(
         return auto_class.from_config(config)
 
     location = model_path or resolve_model(source)
+    if model_path is not None and (Path(model_path) / "export.json").is_file():
+        # An ONNX export directory (bertpipe export): an onnxruntime session with the model's call
+        # interface and config, so the task's predict/postprocess code serves it unchanged.
+        from pipelines.export import OnnxModel, is_export_dir
+
+        if not is_export_dir(model_path):
+            raise ModelError(f"{model_path} holds export.json but no model.onnx; export the run again")
+        return OnnxModel(model_path)
     if is_adapter_dir(location):
         # Evaluating an adapter run keeps the PeftModel; training from one starts from the merged model.
         adapted = load_adapter_model(auto_class, location, revision=model.revision)
