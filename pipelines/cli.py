@@ -7,7 +7,7 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [KEY
      [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
      ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]``,
      ``bertpipe export RUN_DIR --out DIR [--quantize int8] [--opset N]`` (ONNX; ``predict``/``evaluate``
-     take the export directory too) and the tool commands.
+     take the export directory too), ``bertpipe distill TEACHER_RUN CONFIG [KEY=VALUE ...]`` and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
      (no traceback) for bad input: config, data, checkpoint, output dir or an unreachable Hub id.
 
@@ -121,10 +121,14 @@ def _add_edge_commands(commands) -> None:
     export.add_argument("--parity-samples", type=int, default=64, help="eval examples the parity check runs on (default 64)")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
+    distill = commands.add_parser("distill", help="distil a finished run (the teacher) into a smaller student run")
+    distill.add_argument("teacher_run")
+    distill.add_argument("config", help="YAML task config of the student (its distill: section optional)")
+    distill.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. distill.num_layers=3 distill.alpha=0.7")
 
 
 def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
-    """Runs ``export``; False for any other command."""
+    """Runs ``export``/``distill``; False for any other command."""
     if args.command == "export":
         from pipelines.export import export_run
 
@@ -135,6 +139,13 @@ def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
         )
         print(json.dumps({key: summary[key] for key in ("precision", "opset", "size_bytes", "parity")}, indent=2))
         print(f"wrote {args.out}")
+        return True
+    if args.command == "distill":
+        from pipelines.distill import distill_config
+        from pipelines.train import train
+
+        config = distill_config(args.teacher_run, args.config, args.overrides, lambda name: get_task(name).Options)
+        _print_metrics(train(config, get_task(config.task)(config)))
         return True
     return False
 
