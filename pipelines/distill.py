@@ -56,6 +56,7 @@ def distill_config(
 ) -> RunConfig:
     """``bertpipe distill TEACHER CONFIG [KEY=VALUE ...]``: the config with ``distill.teacher`` set and,
     for ``init: teacher`` (the default), ``model.name_or_path`` pointed at the teacher."""
+    check_teacher_run(teacher_run)
     tree = read_yaml(config_path)
     section = tree.get("distill") if isinstance(tree.get("distill"), dict) else {}
     model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
@@ -230,11 +231,16 @@ def student_state_dict(model: torch.nn.Module, state_dict: dict[str, Any]) -> di
     return {key.removeprefix("student."): value for key, value in state_dict.items()}
 
 
-def load_teacher(config: RunConfig, task: Task) -> tuple[torch.nn.Module, Any]:
-    """The teacher run's model (adapter runs merged) and tokenizer, checked against the student's task."""
-    teacher_dir = Path(config.distill.teacher)
+def check_teacher_run(teacher_run: str | Path) -> Path:
+    teacher_dir = Path(teacher_run)
     if not (teacher_dir / METRICS_FILE).is_file():
         raise DistillError(f"distill.teacher {teacher_dir} is not a finished run (no {METRICS_FILE})")
+    return teacher_dir
+
+
+def load_teacher(config: RunConfig, task: Task) -> tuple[torch.nn.Module, Any]:
+    """The teacher run's model (adapter runs merged) and tokenizer, checked against the student's task."""
+    teacher_dir = check_teacher_run(config.distill.teacher)
     task_class = type(task)
     try:
         teacher_config = load_config(None, [], lambda name: task_class.Options, base=load_saved_config(teacher_dir))
