@@ -15,8 +15,8 @@ Out: an export directory that ``bertpipe predict`` and ``bertpipe evaluate`` acc
 
 Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export + onnxscript). The legacy TorchScript
 tracer also runs on transformers 5 but warns that it freezes Python booleans computed from tensors
-inside the attention-mask code, and it is deprecated since torch 2.9; the dynamo graph is also
-about half the nodes. The dynamo exporter writes opset 18 and above (asking for 17 converts down
+inside the attention-mask code, and it is deprecated since torch 2.9; the dynamo graph also has
+fewer nodes (no Constant/Identity chains). The dynamo exporter writes opset 18 and above (asking for 17 converts down
 into a graph onnxruntime rejects), so lower opsets are refused.
 
 int8: ``onnxruntime.quantization.quantize_dynamic`` (weights int8 ahead of time, activations
