@@ -7,7 +7,9 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [--p
      [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
      ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]``,
      ``bertpipe sweep CONFIG --trials N [--space SPACE.yaml] [--study NAME] [--storage URL] [--workers K]
-     [--timeout S] [--pruner none|median|hyperband] [KEY=VALUE ...]`` and the tool commands.
+     [--timeout S] [--pruner none|median|hyperband] [KEY=VALUE ...]``,
+     ``bertpipe export RUN_DIR --out DIR [--quantize int8] [--opset N]`` (ONNX; ``predict``/``evaluate``
+     take the export directory too), ``bertpipe distill TEACHER_RUN CONFIG [KEY=VALUE ...]`` and the tool commands.
 Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-paragraph error
      (no traceback) for bad input: config, data, model, checkpoint, output dir, an unreachable Hub
      id, or the machine refusing a write (a full disk). ``--debug`` (anywhere on the line) or
@@ -33,6 +35,7 @@ from pipelines.checkpoint import CheckpointError
 from pipelines.config import ConfigError, RunConfig, load_config
 from pipelines.data import DataError
 from pipelines.errors import UserError
+from pipelines.export import ExportError
 from pipelines.hub import HubUnavailableError
 from pipelines.modeling import ModelError
 from pipelines.outputs import OutputDirError, load_saved_config
@@ -41,7 +44,7 @@ from pipelines.task import Task
 
 USER_ERRORS = (
     UserError, BenchmarkError, ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError,
-    PublishError, FileNotFoundError,
+    PublishError, FileNotFoundError, ExportError,
 )
 DEBUG_VARIABLE = "BERTPIPE_DEBUG"
 
@@ -130,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--timeout", type=float, help="start no new trial after this many seconds")
     sweep.add_argument("--pruner", default="median", choices=["none", "median", "hyperband"],
                        help="stop hopeless trials at an evaluation (default median; needs train.eval_steps)")
+    _add_edge_commands(commands)
     return parser
 
 
@@ -140,7 +144,49 @@ def _add_precision_option(command: argparse.ArgumentParser) -> None:
     )
 
 
+# ----- edge: export to ONNX (int8), distil (issue 19) -----------------------------------------
+def _add_edge_commands(commands) -> None:
+    export = commands.add_parser("export", help="a finished run as ONNX (dynamic batch/sequence axes), optionally int8")
+    export.add_argument("run_dir")
+    export.add_argument("--out", required=True, help="the export directory (model.onnx, tokenizer, export.json)")
+    export.add_argument("--format", default="onnx", choices=["onnx"])
+    export.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantisation with onnxruntime")
+    export.add_argument("--opset", type=int, default=18, help="ONNX opset (18 or newer; default 18)")
+    export.add_argument("--parity-samples", type=int, default=64, help="eval examples the parity check runs on (default 64)")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+    distill = commands.add_parser("distill", help="distil a finished run (the teacher) into a smaller student run")
+    distill.add_argument("teacher_run")
+    distill.add_argument("config", help="YAML task config of the student (its distill: section optional)")
+    distill.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. distill.num_layers=3 distill.alpha=0.7")
+
+
+def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
+    """Runs ``export``/``distill``; False for any other command."""
+    if args.command == "export":
+        from pipelines.export import export_run
+
+        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
+        summary = export_run(
+            config, get_task(config.task)(config), args.run_dir, args.out, quantize=args.quantize, opset=args.opset,
+            parity_samples=args.parity_samples, overwrite=args.overwrite,
+        )
+        print(json.dumps({key: summary[key] for key in ("precision", "opset", "size_bytes", "parity")}, indent=2))
+        print(f"wrote {args.out}")
+        return True
+    if args.command == "distill":
+        from pipelines.distill import distill_config
+        from pipelines.train import train
+
+        config = distill_config(args.teacher_run, args.config, args.overrides, lambda name: get_task(name).Options)
+        _print_metrics(train(config, get_task(config.task)(config)))
+        return True
+    return False
+
+
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
+    if _run_edge_command(args, get_task):
+        return 0
     if args.command == "train":
         from pipelines.train import train
 

@@ -204,6 +204,39 @@ class HubConfig(Section):
         return self
 
 
+class DistillConfig(Section):
+    """Knowledge distillation from a finished run (the teacher) into this run's model (the student).
+
+    loss = alpha * KL(teacher/T || student/T) * T² + (1 - alpha) * task loss (+ hidden_weight * hidden MSE);
+    see :mod:`pipelines.distill`.
+    """
+
+    teacher: str
+    """The teacher: a finished bertpipe run of the same task, label set and tokenizer."""
+    alpha: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Weight of the soft-target loss; the task loss on the gold labels gets 1 - alpha."""
+    temperature: float = Field(default=2.0, gt=0.0)
+    """Softmax temperature of both models' outputs in the soft-target loss."""
+    init: Literal["teacher", "model"] = "teacher"
+    """``teacher``: the student is the teacher with ``layers`` of its layers (DistilBERT's recipe);
+    ``model``: the student is ``model.name_or_path`` or a from-scratch ``model.architecture``."""
+    num_layers: int | None = Field(default=None, gt=0)
+    """With ``init: teacher``: student depth, teacher layers taken evenly spaced (default: half, i.e. every other layer)."""
+    layers: list[int] | None = None
+    """With ``init: teacher``: the teacher layers (0-based) to copy, in order; overrides ``num_layers``."""
+    hidden_weight: float = Field(default=0.0, ge=0.0)
+    """Weight of an MSE between student and teacher hidden states (student layer j <-> teacher layer
+    j * L_teacher / L_student, embeddings included); 0 = off. Needs equal hidden sizes."""
+
+    @model_validator(mode="after")
+    def _layers_need_teacher_init(self) -> "DistillConfig":
+        if self.init != "teacher" and (self.layers is not None or self.num_layers is not None):
+            raise ValueError("distill.layers and distill.num_layers choose teacher layers: they need distill.init=teacher")
+        if self.layers is not None and (not self.layers or any(layer < 0 for layer in self.layers) or len(set(self.layers)) != len(self.layers)):
+            raise ValueError(f"distill.layers must be distinct non-negative layer indices, got {self.layers}")
+        return self
+
+
 class RunConfig(Section):
     task: str
     output_dir: str
@@ -214,11 +247,33 @@ class RunConfig(Section):
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
+    distill: DistillConfig | None = None
+    """Distil a teacher run into this run's model (``bertpipe distill TEACHER_RUN CONFIG`` fills it in)."""
     task_options: TaskOptions = Field(default_factory=TaskOptions, exclude=True)
+
+    @model_validator(mode="after")
+    def _distill_student(self) -> "RunConfig":
+        if self.distill is None:
+            return self
+        teacher = Path(self.distill.teacher).expanduser().resolve()
+        if teacher == Path(self.output_dir).expanduser().resolve():
+            raise ValueError("distill.teacher is output_dir: the student must be written to another output_dir")
+        if self.distill.init == "teacher":
+            source = self.model.name_or_path
+            if source is None or Path(source).expanduser().resolve() != teacher:
+                raise ValueError(
+                    f"distill.init=teacher builds the student from the teacher's layers: model.name_or_path must be "
+                    f"the teacher run {self.distill.teacher} (bertpipe distill sets it), got {source!r}"
+                )
+        if self.model.peft is not None:
+            raise ValueError("distill trains the whole student: model.peft cannot be combined with distill")
+        return self
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """The resolved config in the same shape as the YAML it came from."""
         resolved = self.model_dump(mode="json", exclude={"task_options"})
+        if resolved.get("distill") is None:  # only distilled runs carry the section
+            resolved.pop("distill", None)
         resolved[self.task] = self.task_options.model_dump(mode="json")
         return resolved
 

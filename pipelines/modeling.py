@@ -93,6 +93,14 @@ def load_model(
         return auto_class.from_config(config)
 
     location = model_path or resolve_model(source)
+    if model_path is not None and (Path(model_path) / "export.json").is_file():
+        # An ONNX export directory (bertpipe export): an onnxruntime session with the model's call
+        # interface and config, so the task's predict/postprocess code serves it unchanged.
+        from pipelines.export import OnnxModel, is_export_dir
+
+        if not is_export_dir(model_path):
+            raise ModelError(f"{model_path} holds export.json but no model.onnx; export the run again")
+        return OnnxModel(model_path)
     where = f"run directory {model_path}" if model_path is not None else f"model.name_or_path={source}"
     with failures_named(ModelError, f"{where}: cannot load the model from {location}"):
         return _load_pretrained(auto_class, model, location, source, model_path=model_path, label_maps=label_maps, extra=extra)

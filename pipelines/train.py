@@ -5,7 +5,8 @@ Out: the run directory (model + tokenizer in safetensors, ``config.yaml``, ``log
      ``training_curves.png``, ``README.md`` card, ``metrics.json`` last) and the final metrics.
      With ``model.peft`` the model is the adapter (``adapter_config.json`` +
      ``adapter_model.safetensors`` + the task model's ``config.json``), and ``merged/`` the full
-     model when ``model.peft.merge`` is set. With ``hub.push`` the run is published last.
+     model when ``model.peft.merge`` is set. With ``hub.push`` the run is published last. With
+     ``distill`` the model trained is the student (pipelines/distill.py), saved as a normal run.
 
 accelerator -> data (main process first) -> tokenizer/model -> loaders -> optimizer/schedule ->
 prepare -> resume -> for each batch: accumulate, loss, backward, clip, step -> log / evaluate /
@@ -31,6 +32,7 @@ from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpo
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import DataError, split_source
 from pipelines.errors import failures_named
+from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
     MERGED_DIR, apply_peft, base_model_id, check_sequence_lengths, count_parameters, is_peft_model, save_adapter_run,
@@ -99,6 +101,10 @@ def train(
     for split, features in ((config.data.train_split, train_features), (config.data.eval_split, eval_features)):
         check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
 
+    if config.distill is not None:
+        # The student inside a wrapper whose forward returns the distillation loss as .loss; the
+        # loop below does not change, and student_of() unwraps it wherever the model is saved.
+        model = build_distillation_model(model, config, task)
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,
@@ -244,7 +250,7 @@ def train(
 
     if config.train.load_best_model_at_end and state.best_step is not None and (run_dir / BEST_MODEL_DIR).is_dir():
         accelerator.print(f"loading the best model (step {state.best_step}, {metric_name}={state.best_metric:.4f})")
-        _load_best_model(accelerator.unwrap_model(model), run_dir / BEST_MODEL_DIR)
+        _load_best_model(student_of(accelerator.unwrap_model(model)), run_dir / BEST_MODEL_DIR)
 
     predictions, final_metrics = run_evaluation()
     log(final_metrics)
@@ -268,7 +274,7 @@ def train(
         summary.update(best_step=state.best_step, best_metric=state.best_metric)
 
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = student_of(accelerator.unwrap_model(model))
     _save_model(accelerator, model, run_dir)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(run_dir)
@@ -299,13 +305,14 @@ def _preprocess(task: Task, examples, config: RunConfig, split: str, *, train: b
 
 def _save_model(accelerator, model, folder: Path) -> None:
     """A full model through transformers, or (for a PeftModel) only the adapter and the head."""
-    unwrapped = accelerator.unwrap_model(model)
+    wrapper = accelerator.unwrap_model(model)
+    unwrapped = student_of(wrapper)
     if is_peft_model(unwrapped):
         save_adapter_run(unwrapped, folder, is_main_process=accelerator.is_main_process)
         return
     unwrapped.save_pretrained(
         folder, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
-        state_dict=accelerator.get_state_dict(model),
+        state_dict=student_state_dict(wrapper, accelerator.get_state_dict(model)),
     )
 
 

@@ -1,0 +1,297 @@
+"""Task-specific knowledge distillation through the one training loop.
+
+In:  a run config with a ``distill:`` section (:class:`~pipelines.config.DistillConfig`), the task,
+     and the student model the task built; the teacher is a finished run of the same task.
+Out: :class:`DistillationModel`, which the loop trains like any model: in training mode its forward
+     returns the student's outputs with ``.loss`` replaced by
+
+         alpha * KL(softmax(teacher / T) || softmax(student / T)) * T²  +  (1 - alpha) * task loss
+         + hidden_weight * MSE(student hidden states, teacher hidden states)
+
+     (Hinton et al.'s soft targets; T² keeps the soft-target gradients on the scale of the task
+     loss's). In eval mode it is the student alone. The teacher is held outside the module tree,
+     so it is neither trained, nor counted, nor saved: :func:`student_of` unwraps the student at
+     save time and the run directory is a normal run (evaluate, predict, ``pipeline()``, export).
+
+Which outputs are distilled is read from the output names, so the loop and this module stay task-agnostic:
+``logits`` of shape (batch, labels) per example (regression: MSE; multi-label: per-label sigmoid
+targets), ``logits`` of shape (batch, sequence, labels) per labelled token (NER: the first piece of
+each word, where the labels are not -100), ``start_logits``/``end_logits`` over the real positions of
+each window (QA).
+
+Student: ``distill.init: teacher`` keeps the teacher's embeddings, head and an evenly spaced subset of its
+layers (every other one by default: DistilBERT's recipe); ``init: model`` trains whatever
+``model.name_or_path`` / ``model.architecture`` gives, which must share the teacher's tokenizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
+from pipelines.modeling import ModelError, is_peft_model
+from pipelines.outputs import METRICS_FILE, load_saved_config
+from pipelines.task import Task
+
+logger = logging.getLogger(__name__)
+
+_LAYER_KEY = re.compile(r"^(.*\.layer\.)(\d+)(\..*)$")
+_MASKED_LOGIT = -1e4
+
+
+class DistillError(ModelError):
+    """A teacher/student pair that cannot be distilled (unfinished teacher, other task, labels or vocabulary)."""
+
+
+# ----- config -------------------------------------------------------------------------------------
+def distill_config(
+    teacher_run: str, config_path: str, overrides: Sequence[str], options_for: Callable[[str], type[TaskOptions]]
+) -> RunConfig:
+    """``bertpipe distill TEACHER CONFIG [KEY=VALUE ...]``: the config with ``distill.teacher`` set and,
+    for ``init: teacher`` (the default), ``model.name_or_path`` pointed at the teacher."""
+    check_teacher_run(teacher_run)
+    tree = read_yaml(config_path)
+    section = tree.get("distill") if isinstance(tree.get("distill"), dict) else {}
+    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    init = section.get("init", "teacher")
+    tokenizer_given = bool(model.get("tokenizer_name_or_path") or model.get("name_or_path"))
+    for override in overrides:
+        keys, value = parse_override(override)
+        if keys == ["distill", "init"]:
+            init = value
+        if keys in (["model", "name_or_path"], ["model", "tokenizer_name_or_path"]) and value:
+            tokenizer_given = True
+    extra = [f"distill.teacher={teacher_run}"]
+    if init == "teacher":
+        extra.append(f"model.name_or_path={teacher_run}")
+    elif not tokenizer_given:  # a from-scratch student reads its inputs with the teacher's tokenizer
+        extra.append(f"model.tokenizer_name_or_path={teacher_run}")
+    return load_config(config_path, [*overrides, *extra], options_for)
+
+
+# ----- the student --------------------------------------------------------------------------------
+def teacher_layer_choice(teacher_layers: int, num_layers: int | None = None, layers: Sequence[int] | None = None) -> list[int]:
+    """Teacher layers the student keeps: ``layers`` as given, else ``num_layers`` evenly spaced from
+    layer 0 (12 -> 6 is DistilBERT's every other layer 0, 2, ..., 10; 12 -> 3 is 0, 4, 8)."""
+    if layers is not None:
+        bad = [layer for layer in layers if layer >= teacher_layers]
+        if bad:
+            raise DistillError(f"distill.layers {list(layers)}: the teacher has layers 0..{teacher_layers - 1}")
+        return list(layers)
+    count = num_layers if num_layers is not None else max(1, teacher_layers // 2)
+    if count > teacher_layers:
+        raise DistillError(f"distill.num_layers={count} exceeds the teacher's {teacher_layers} layers")
+    return [index * teacher_layers // count for index in range(count)]
+
+
+def shrink_to_layers(model: torch.nn.Module, keep: Sequence[int]) -> torch.nn.Module:
+    """A copy of ``model`` with only the encoder layers ``keep`` (renumbered 0..n-1); every other weight as is.
+
+    Layers are found by their state-dict names (``....layer.<i>.``: BERT, RoBERTa, ELECTRA, DistilBERT).
+    """
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = len(keep)
+    student = type(model)(config)
+    renamed: dict[str, torch.Tensor] = {}
+    found: set[int] = set()
+    for key, value in model.state_dict().items():
+        match = _LAYER_KEY.match(key)
+        if match is None:
+            renamed[key] = value
+            continue
+        found.add(int(match.group(2)))
+        if int(match.group(2)) in keep:
+            renamed[f"{match.group(1)}{list(keep).index(int(match.group(2)))}{match.group(3)}"] = value
+    if not found:
+        raise DistillError(f"{type(model).__name__} has no '.layer.<i>.' weights; use distill.init=model with model.architecture")
+    missing, unexpected = student.load_state_dict(renamed, strict=False)
+    if missing or unexpected:
+        raise DistillError(f"copying teacher layers {list(keep)} left weights missing {missing[:5]} / unexpected {unexpected[:5]}")
+    return student
+
+
+def hidden_layer_map(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
+    """(student, teacher) indices into ``hidden_states`` (0 = embeddings): j <-> round(j * L_t / L_s)."""
+    return [(j, round(j * teacher_layers / student_layers)) for j in range(student_layers + 1)]
+
+
+# ----- the losses ---------------------------------------------------------------------------------
+def soft_target_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over rows of KL(softmax(teacher/T) || softmax(student/T)) along the last axis, times T².
+
+    ``rows`` (boolean, the shape of the logits without their last axis) selects the rows that count.
+    """
+    student_log = F.log_softmax(student.float() / temperature, dim=-1)
+    teacher_log = F.log_softmax(teacher.float() / temperature, dim=-1)
+    per_row = (teacher_log.exp() * (teacher_log - student_log)).sum(dim=-1)
+    if rows is not None:
+        per_row = per_row[rows]
+    if per_row.numel() == 0:
+        return student.sum() * 0.0
+    return per_row.mean() * temperature**2
+
+
+def distillation_loss(student_outputs, teacher_outputs, batch: dict[str, torch.Tensor], config, temperature: float) -> torch.Tensor:
+    """The soft-target loss summed over the distilled outputs (see the module docstring)."""
+    attention = batch.get("attention_mask")
+    losses = []
+    for name in ("logits", "start_logits", "end_logits"):
+        student, teacher = getattr(student_outputs, name, None), getattr(teacher_outputs, name, None)
+        if student is None or teacher is None:
+            continue
+        if name == "logits" and student.ndim == 2:
+            if student.shape[-1] == 1 or getattr(config, "problem_type", None) == "regression":
+                losses.append(F.mse_loss(student.float(), teacher.float()))
+            elif getattr(config, "problem_type", None) == "multi_label_classification":
+                targets = torch.sigmoid(teacher.float() / temperature)
+                losses.append(F.binary_cross_entropy_with_logits(student.float() / temperature, targets) * temperature**2)
+            else:
+                losses.append(soft_target_kl(student, teacher, temperature))
+        elif name == "logits":  # per token: the labelled pieces (first piece of each word), else every real token
+            labels = batch.get("labels")
+            rows = labels != -100 if labels is not None and labels.shape == student.shape[:2] else None
+            if rows is None and attention is not None:
+                rows = attention.bool()
+            losses.append(soft_target_kl(student, teacher, temperature, rows))
+        else:  # positions are the classes: padding must not take probability mass
+            if attention is not None:
+                padding = ~attention.bool()
+                student, teacher = student.masked_fill(padding, _MASKED_LOGIT), teacher.masked_fill(padding, _MASKED_LOGIT)
+            losses.append(soft_target_kl(student, teacher, temperature))
+    if not losses:
+        raise DistillError(f"the model returns none of logits/start_logits/end_logits ({sorted(student_outputs.keys())}); nothing to distil")
+    return torch.stack(losses).sum() / len(losses) if len(losses) > 1 else losses[0]
+
+
+def hidden_state_loss(student_hidden, teacher_hidden, layer_map, attention: torch.Tensor | None) -> torch.Tensor:
+    """Mean squared error between mapped hidden states over real tokens, averaged over the mapped layers."""
+    total = 0.0
+    for student_index, teacher_index in layer_map:
+        difference = (student_hidden[student_index].float() - teacher_hidden[teacher_index].float()) ** 2
+        if attention is not None:
+            mask = attention.unsqueeze(-1).to(difference.dtype)
+            total = total + (difference * mask).sum() / (mask.sum() * difference.shape[-1]).clamp(min=1)
+        else:
+            total = total + difference.mean()
+    return total / len(layer_map)
+
+
+# ----- the wrapper the loop trains ----------------------------------------------------------------
+class DistillationModel(torch.nn.Module):
+    """The student, whose training-mode forward returns the distillation loss as ``.loss``."""
+
+    def __init__(self, student: torch.nn.Module, teacher: torch.nn.Module, *, alpha: float, temperature: float,
+                 hidden_weight: float = 0.0, layer_map: list[tuple[int, int]] | None = None) -> None:
+        super().__init__()
+        self.student = student
+        # Not a submodule: the optimizer, state_dict, checkpoints and parameter counts see the student only.
+        object.__setattr__(self, "teacher", teacher.eval().requires_grad_(False))
+        self.alpha, self.temperature, self.hidden_weight, self.layer_map = alpha, temperature, hidden_weight, layer_map or []
+        self.config = student.config
+
+    def forward(self, **batch: Any):
+        if not self.training:
+            return self.student(**batch)
+        with_hidden = self.hidden_weight > 0
+        outputs = self.student(**batch, output_hidden_states=with_hidden) if with_hidden else self.student(**batch)
+        teacher = self.teacher
+        device = batch["input_ids"].device
+        if next(teacher.parameters()).device != device:
+            teacher.to(device)
+        inputs = {key: value for key, value in batch.items() if key not in ("labels", "start_positions", "end_positions")}
+        with torch.no_grad():
+            teacher_outputs = teacher(**inputs, output_hidden_states=with_hidden) if with_hidden else teacher(**inputs)
+        loss = self.alpha * distillation_loss(outputs, teacher_outputs, batch, self.student.config, self.temperature)
+        if self.alpha < 1.0:
+            if outputs.loss is None:
+                raise DistillError("the student returned no task loss: the collator supplied no labels")
+            loss = loss + (1.0 - self.alpha) * outputs.loss
+        if with_hidden:
+            loss = loss + self.hidden_weight * hidden_state_loss(outputs.hidden_states, teacher_outputs.hidden_states, self.layer_map, batch.get("attention_mask"))
+        outputs.loss = loss
+        return outputs
+
+
+def student_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The student inside a :class:`DistillationModel`; any other model unchanged."""
+    return model.student if isinstance(model, DistillationModel) else model
+
+
+def student_state_dict(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A (possibly gathered) state dict of ``model`` with the distillation wrapper's prefix removed."""
+    if not isinstance(model, DistillationModel):
+        return state_dict
+    return {key.removeprefix("student."): value for key, value in state_dict.items()}
+
+
+def check_teacher_run(teacher_run: str | Path) -> Path:
+    teacher_dir = Path(teacher_run)
+    if not (teacher_dir / METRICS_FILE).is_file():
+        raise DistillError(f"distill.teacher {teacher_dir} is not a finished run (no {METRICS_FILE})")
+    return teacher_dir
+
+
+def load_teacher(config: RunConfig, task: Task) -> tuple[torch.nn.Module, Any]:
+    """The teacher run's model (adapter runs merged) and tokenizer, checked against the student's task."""
+    teacher_dir = check_teacher_run(config.distill.teacher)
+    task_class = type(task)
+    try:
+        teacher_config = load_config(None, [], lambda name: task_class.Options, base=load_saved_config(teacher_dir))
+    except ConfigError as error:
+        raise DistillError(f"distill.teacher {teacher_dir}: its config.yaml does not load: {error}") from None
+    if teacher_config.task != config.task:
+        raise DistillError(f"distill.teacher {teacher_dir} is a {teacher_config.task!r} run; this run's task is {config.task!r}")
+    teacher_task = task_class(teacher_config)
+    tokenizer = teacher_task.build_tokenizer(None, model_path=str(teacher_dir))
+    teacher = teacher_task.build_model(None, model_path=str(teacher_dir))
+    if is_peft_model(teacher):
+        teacher = teacher.merge_and_unload()
+    return teacher, tokenizer
+
+
+def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: Task) -> DistillationModel:
+    """Load the teacher, check it against ``student`` (labels, vocabulary), shape the student, wrap both."""
+    distill = config.distill
+    teacher, teacher_tokenizer = load_teacher(config, task)
+    student_tokenizer = getattr(task, "tokenizer", None)
+    if student_tokenizer is not None and student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        raise DistillError(f"the student's tokenizer differs from the teacher's ({distill.teacher}): both must read the same input ids")
+    teacher_labels = getattr(teacher.config, "id2label", None)
+    student_labels = getattr(student.config, "id2label", None)
+    if teacher_labels != student_labels:
+        raise DistillError(f"the teacher {distill.teacher} predicts labels {teacher_labels}, the student {student_labels}; they must match")
+    teacher_depth = teacher.config.num_hidden_layers
+    if distill.init == "teacher":
+        keep = teacher_layer_choice(teacher_depth, distill.num_layers, distill.layers)
+        logger.info("student: teacher layers %s of %d", keep, teacher_depth)
+        student = shrink_to_layers(student, keep)
+    layer_map = []
+    if distill.hidden_weight > 0:
+        if student.config.hidden_size != teacher.config.hidden_size:
+            raise DistillError(
+                f"distill.hidden_weight needs equal hidden sizes (student {student.config.hidden_size}, teacher "
+                f"{teacher.config.hidden_size}); set it to 0"
+            )
+        layer_map = hidden_layer_map(student.config.num_hidden_layers, teacher_depth)
+    return DistillationModel(
+        student, teacher, alpha=distill.alpha, temperature=distill.temperature, hidden_weight=distill.hidden_weight, layer_map=layer_map,
+    )
+
+
+@torch.no_grad()
+def mean_teacher_kl(student: torch.nn.Module, teacher: torch.nn.Module, batches, config, temperature: float = 1.0) -> float:
+    """The soft-target loss of ``student`` against ``teacher`` averaged over ``batches`` (both in eval mode)."""
+    student.eval(), teacher.eval()
+    values = []
+    for batch in batches:
+        inputs = {key: value for key, value in batch.items() if key not in ("start_positions", "end_positions")}
+        model_inputs = {key: value for key, value in inputs.items() if key != "labels"}
+        values.append(float(distillation_loss(student(**model_inputs), teacher(**model_inputs), inputs, config, temperature)))
+    return sum(values) / len(values)

@@ -1,0 +1,373 @@
+"""Export a finished run to ONNX (optionally int8) and run an export directory on onnxruntime.
+
+In:  a finished run directory of an encoder task (``text-classification``, ``token-classification``,
+     ``question-answering``): a full model, or a LoRA/IA3 run that holds ``merged/``.
+Out: an export directory that ``bertpipe predict`` and ``bertpipe evaluate`` accept like a run
+     directory:
+
+     - ``model.onnx``: the model with dynamic ``batch`` and ``sequence`` axes on every input and
+       output (fp32, or int8 with ``quantize="int8"``);
+     - the tokenizer, ``config.json`` (label names, QA defaults) and ``config.yaml`` (the run's
+       resolved config, so the task reads its options as it did at training time);
+     - ``export.json``: what was exported, the exporter and opset, and the parity check against
+       the torch model on the first ``parity_samples`` examples of the run's eval split (max
+       |Δ output| and the share of examples whose predicted labels are identical).
+
+Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export + onnxscript). The legacy TorchScript
+tracer also runs on transformers 5 but warns that it freezes Python booleans computed from tensors
+inside the attention-mask code, and it is deprecated since torch 2.9; the dynamo graph also has
+fewer nodes (no Constant/Identity chains). The dynamo exporter writes opset 18 and above (asking for 17 converts down
+into a graph onnxruntime rejects), so lower opsets are refused.
+
+int8: ``onnxruntime.quantization.quantize_dynamic`` (weights int8 ahead of time, activations
+quantised per batch at run time). Per-channel weight scales are tried as well as per-tensor ones;
+the variant whose outputs lie closer to fp32 on the parity inputs is kept and both errors are
+recorded. Activation-by-activation products (attention scores QKᵀ and the attention-weighted
+values), LayerNorm, softmax and GELU stay fp32; ``export.json`` counts them.
+
+Running: :class:`OnnxModel` is called like the torch model (``model(**batch).logits``), so the task's
+own ``predict_step``, ``postprocess`` and ``format_predictions`` serve an export unchanged: QA span
+decoding and NER word grouping are the same code as for torch. :func:`pipelines.modeling.load_model`
+returns one when it is given an export directory; no torch model is built.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipelines.batching import eval_dataloader
+from pipelines.config import RunConfig
+from pipelines.modeling import MERGED_DIR, ModelError, is_adapter_dir, is_peft_model
+from pipelines.outputs import CONFIG_FILE, METRICS_FILE, save_config, write_json
+from pipelines.task import Task
+
+logger = logging.getLogger(__name__)
+
+EXPORT_FILE = "export.json"
+ONNX_FILE = "model.onnx"
+MIN_OPSET = 18
+DEFAULT_OPSET = 18
+# The encoder tasks and the outputs their heads return; generation (translation) and MLM are not exported.
+EXPORTABLE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "text-classification": ("logits",),
+    "token-classification": ("logits",),
+    "question-answering": ("start_logits", "end_logits"),
+}
+# Float arithmetic that int8 dynamic quantisation leaves in fp32 (counted for export.json).
+_FLOAT_COMPUTE_OPS = ("MatMul", "Gemm", "Gather", "LayerNormalization", "Softmax", "Erf", "Tanh", "Add", "Mul", "Div", "Sub")
+
+
+class ExportError(ValueError):
+    """A run that cannot be exported (unfinished, unsupported task, adapter without a merged model)."""
+
+
+def is_export_dir(path: str | Path) -> bool:
+    return (Path(path) / EXPORT_FILE).is_file() and (Path(path) / ONNX_FILE).is_file()
+
+
+def _import_onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ModelError("ONNX export and inference need onnxruntime: pip install 'bertpipe[edge]'") from None
+    return onnxruntime
+
+
+# ----- running an export --------------------------------------------------------------------------
+class OnnxOutputs(dict):
+    """Session outputs by name, readable as attributes like a transformers ``ModelOutput``."""
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class OnnxModel:
+    """An onnxruntime session behind the call interface of the torch model it was exported from.
+
+    ``model(**batch)`` feeds the inputs the graph declares (tensors or arrays) and returns its outputs
+    as torch tensors; ``config`` is the exported model's config (label maps), which the tasks read.
+    """
+
+    def __init__(self, folder: str | Path, *, num_threads: int | None = None) -> None:
+        from transformers import AutoConfig
+
+        ort = _import_onnxruntime()
+        self.folder = Path(folder)
+        options = ort.SessionOptions()
+        if num_threads:
+            options.intra_op_num_threads = num_threads
+        self.session = ort.InferenceSession(str(self.folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
+        self.input_names = [node.name for node in self.session.get_inputs()]
+        self.output_names = [node.name for node in self.session.get_outputs()]
+        self.config = AutoConfig.from_pretrained(self.folder)
+        self.training = False
+
+    def eval(self) -> "OnnxModel":
+        return self
+
+    def __call__(self, **batch: Any) -> OnnxOutputs:
+        missing = [name for name in self.input_names if name not in batch]
+        if missing:
+            raise ModelError(f"{self.folder / ONNX_FILE} needs inputs {missing}; the batch holds {sorted(batch)}")
+        feed = {name: _as_int64(batch[name]) for name in self.input_names}
+        outputs = self.session.run(self.output_names, feed)
+        return OnnxOutputs({name: torch.from_numpy(np.asarray(value)) for name, value in zip(self.output_names, outputs)})
+
+
+def _as_int64(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.int64)
+
+
+# ----- exporting ----------------------------------------------------------------------------------
+def model_folder(run_dir: str | Path) -> Path:
+    """The folder holding the run's full model: the run itself, or ``merged/`` for an adapter run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / METRICS_FILE).is_file():
+        raise ExportError(f"{run_dir} is not a finished run (no {METRICS_FILE}); finish or resume its training first")
+    if not is_adapter_dir(run_dir):
+        return run_dir
+    merged = run_dir / MERGED_DIR
+    if (merged / "config.json").is_file() and any(merged.glob("model*.safetensors")):
+        return merged
+    raise ExportError(
+        f"{run_dir} holds only a peft adapter; fold it into a full model first with `bertpipe merge {run_dir}` "
+        f"(writes {merged}), then export again"
+    )
+
+
+class _PositionalOutputs(torch.nn.Module):
+    """Positional inputs in, a tuple of the named outputs out: the shape torch.onnx.export wants."""
+
+    def __init__(self, model: torch.nn.Module, input_names: list[str], output_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.input_names, self.output_names = model, input_names, output_names
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.model(**dict(zip(self.input_names, inputs)))
+        return tuple(outputs[name] for name in self.output_names)
+
+
+def _sample_batches(config: RunConfig, task: Task, count: int, batch_size: int) -> tuple[list[dict[str, torch.Tensor]], int]:
+    """The first ``count`` examples of the eval split as padded model batches (QA: all their windows),
+    and how many examples that is."""
+    examples = task.load(include_train=False)[config.data.eval_split]
+    examples = examples.select(range(min(count, len(examples))))
+    features = task.preprocess(examples, train=False)
+    loader, _ = eval_dataloader(features, task.collator(train=False), batch_size)
+    return list(loader), len(examples)
+
+
+def _onnx_inputs(model: torch.nn.Module, tokenizer, batch: dict[str, torch.Tensor]) -> list[str]:
+    """The tokenizer's model inputs that the model's forward accepts and the batch holds, in forward order."""
+    import inspect
+
+    accepted = list(inspect.signature(model.forward).parameters)
+    names = [name for name in accepted if name in tokenizer.model_input_names and name in batch]
+    if "input_ids" not in names:
+        raise ExportError(f"{type(model).__name__}.forward takes no input_ids from the tokenizer; cannot export it")
+    return names
+
+
+def export_onnx(model: torch.nn.Module, sample: dict[str, torch.Tensor], input_names: list[str], output_names: tuple[str, ...], path: Path, *, opset: int) -> None:
+    from torch.export import Dim
+
+    batch, sequence = Dim("batch"), Dim("sequence")
+    wrapped = _PositionalOutputs(model.eval(), input_names, output_names)
+    args = tuple(sample[name] for name in input_names)
+    with warnings.catch_warnings():
+        # torch.export's notes on shared axis names and deprecated pytree helpers are not about this model.
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            wrapped, args, dynamo=True, opset_version=opset, input_names=input_names, output_names=list(output_names),
+            # One entry for the ``*inputs`` parameter, holding one spec per input.
+            dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
+        )
+    program.save(str(path), external_data=False)
+
+
+def quantize_int8(source: Path, destination: Path, *, per_channel: bool) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(source), str(destination), weight_type=QuantType.QInt8, per_channel=per_channel)
+
+
+def kept_fp32_ops(path: Path) -> dict[str, int]:
+    """Float compute ops left in a quantised graph, by op type (their weights, if any, are fp32)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    # An embedding table stored int8 reaches its Gather through a DequantizeLinear (or directly).
+    int8_tensors = {tensor.name for tensor in graph.initializer if tensor.data_type == onnx.TensorProto.INT8}
+    int8_tensors |= {output for node in graph.node if node.op_type == "DequantizeLinear" for output in node.output}
+    counts: collections.Counter = collections.Counter()
+    for node in graph.node:
+        if node.op_type not in _FLOAT_COMPUTE_OPS:
+            continue
+        if node.op_type == "Gather" and node.input and node.input[0] in int8_tensors:
+            continue
+        counts[node.op_type] += 1
+    return dict(sorted(counts.items()))
+
+
+def quantized_ops(path: Path) -> dict[str, int]:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    counts = collections.Counter(node.op_type for node in graph.node if node.op_type in ("MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear"))
+    return dict(sorted(counts.items()))
+
+
+def compare_outputs(
+    reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], masks: list[np.ndarray], output_names: tuple[str, ...]
+) -> dict[str, Any]:
+    """Max |Δ| over real (non-padding) positions and the share of examples whose argmax labels all agree.
+
+    Sequence outputs (token logits, start/end logits) are compared where ``attention_mask`` is 1;
+    an example agrees when every such position has the same argmax (QA: the same start and end).
+    """
+    max_abs, agree, total = 0.0, 0, 0
+    for ref_batch, cand_batch, mask in zip(reference, candidate, masks):
+        agrees = np.ones(mask.shape[0], dtype=bool)
+        for name in output_names:
+            ref, cand = ref_batch[name], cand_batch[name]
+            if ref.ndim == 3:  # (batch, sequence, labels)
+                real = mask.astype(bool)
+                max_abs = max(max_abs, float(np.abs(ref - cand)[real].max(initial=0.0)))
+                agrees &= ((ref.argmax(-1) == cand.argmax(-1)) | ~real).all(axis=1)
+            elif name in ("start_logits", "end_logits"):  # (batch, sequence): classes are positions
+                real = mask.astype(bool)
+                max_abs = max(max_abs, float(np.abs(ref - cand)[real].max(initial=0.0)))
+                low = np.finfo(np.float32).min
+                agrees &= np.where(real, ref, low).argmax(-1) == np.where(real, cand, low).argmax(-1)
+            else:  # (batch, labels)
+                max_abs = max(max_abs, float(np.abs(ref - cand).max(initial=0.0)))
+                agrees &= ref.argmax(-1) == cand.argmax(-1) if ref.shape[-1] > 1 else np.ones(len(ref), dtype=bool)
+        agree += int(agrees.sum())
+        total += len(agrees)
+    return {"max_abs_diff": max_abs, "features_agreeing": agree, "features_compared": total, "agreement": agree / max(total, 1)}
+
+
+def _run_all(model, batches: list[dict[str, torch.Tensor]], input_names: list[str], output_names: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    results = []
+    with torch.no_grad():
+        for batch in batches:
+            outputs = model(**{name: batch[name] for name in input_names})
+            results.append({name: outputs[name].float().cpu().numpy() for name in output_names})
+    return results
+
+
+def export_run(
+    config: RunConfig, task: Task, run_dir: str | Path, out_dir: str | Path, *, quantize: str | None = None,
+    opset: int = DEFAULT_OPSET, parity_samples: int = 64, overwrite: bool = False,
+) -> dict[str, Any]:
+    """Export ``run_dir`` to ``out_dir`` (see the module docstring); returns what ``export.json`` holds."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    output_names = EXPORTABLE_OUTPUTS.get(task.pipeline_tag)
+    if output_names is None:
+        raise ExportError(
+            f"task {config.task!r} ({task.pipeline_tag}) cannot be exported to ONNX; exportable: encoder tasks "
+            f"with {', '.join(sorted(EXPORTABLE_OUTPUTS))} heads (classification, ner, qa)"
+        )
+    if quantize not in (None, "int8"):
+        raise ExportError(f"--quantize {quantize!r} is not supported; choose int8")
+    if opset < MIN_OPSET:
+        raise ExportError(f"--opset {opset}: the dynamo ONNX exporter writes opset {MIN_OPSET} or newer")
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise ExportError(f"{out_dir} exists and is not empty; choose another --out or pass --overwrite")
+    source = model_folder(run_dir)
+    _import_onnxruntime()
+
+    tokenizer = task.build_tokenizer(None, model_path=str(source))
+    model = task.build_model(None, model_path=str(source))
+    if is_peft_model(model):  # an adapter run's merged/ folder is a full model; this would be a bug upstream
+        raise ExportError(f"{source} loaded as a peft adapter; export needs a full model")
+    model = model.float().eval()
+    batches, example_count = _sample_batches(config, task, parity_samples, batch_size=16)
+    if not batches:
+        raise ExportError(f"the eval split {config.data.eval_split!r} of {run_dir} gives no examples to check the export on")
+    input_names = _onnx_inputs(model, tokenizer, batches[0])
+    masks = [batch["attention_mask"].numpy() if "attention_mask" in batch else np.ones(tuple(batch["input_ids"].shape), dtype=np.int64) for batch in batches]
+    # Two examples of different lengths, so that neither axis is specialised to a traced size of 1.
+    first = batches[0]
+    sample = {name: first[name][:2] for name in input_names}
+
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent if out_dir.parent.exists() else None))
+    try:
+        fp32_path = staging / "model.fp32.onnx"
+        export_onnx(model, sample, input_names, output_names, fp32_path, opset=opset)
+        reference = _run_all(model, batches, input_names, output_names)
+        summary: dict[str, Any] = {
+            "task": config.task, "pipeline_tag": task.pipeline_tag, "source": str(source.resolve()),
+            "model_type": model.config.model_type, "num_hidden_layers": getattr(model.config, "num_hidden_layers", None),
+            "format": "onnx", "exporter": f"torch.onnx.export(dynamo=True), torch {torch.__version__}",
+            "opset": _opset_of(fp32_path), "inputs": input_names, "outputs": list(output_names),
+            "dynamic_axes": {"0": "batch", "1": "sequence"}, "precision": "fp32",
+        }
+        staged = staging / "stage"
+        staged.mkdir()
+        fp32_parity = _parity(fp32_path, batches, masks, input_names, output_names, reference)
+        summary["parity"] = {"against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count, "fp32": fp32_parity}
+        final = fp32_path
+        if quantize == "int8":
+            variants = {}
+            for per_channel in (True, False):
+                path = staging / f"model.int8.{'channel' if per_channel else 'tensor'}.onnx"
+                quantize_int8(fp32_path, path, per_channel=per_channel)
+                variants[per_channel] = (path, _parity(path, batches, masks, input_names, output_names, reference))
+            per_channel = variants[True][1]["max_abs_diff"] <= variants[False][1]["max_abs_diff"]
+            final, int8_parity = variants[per_channel]
+            summary.update(precision="int8", quantization={
+                "method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8",
+                "per_channel": per_channel,
+                "max_abs_diff_per_channel": variants[True][1]["max_abs_diff"],
+                "max_abs_diff_per_tensor": variants[False][1]["max_abs_diff"],
+                "quantized_ops": quantized_ops(final), "kept_fp32_ops": kept_fp32_ops(final),
+                "note": "MatMul weights (and embedding tables) int8, activations quantised per batch; the remaining "
+                        "MatMuls multiply two activations (attention scores and attention-weighted values)",
+            })
+            summary["parity"]["int8"] = int8_parity
+        shutil.move(str(final), staged / ONNX_FILE)
+        summary["size_bytes"] = (staged / ONNX_FILE).stat().st_size
+        tokenizer.save_pretrained(staged)
+        model.config.save_pretrained(staged)
+        save_config(config, staged)
+        write_json(staged / EXPORT_FILE, summary)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+def _parity(path: Path, batches, masks, input_names, output_names, reference) -> dict[str, Any]:
+    ort = _import_onnxruntime()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    candidate = []
+    for batch in batches:
+        values = session.run(list(output_names), {name: batch[name].numpy().astype(np.int64) for name in input_names})
+        candidate.append(dict(zip(output_names, values)))
+    return compare_outputs(reference, candidate, masks, output_names)
+
+
+def _opset_of(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))

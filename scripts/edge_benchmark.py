@@ -1,0 +1,235 @@
+"""Teacher vs distilled student, torch vs ONNX fp32 vs ONNX int8: accuracy, size, latency, throughput, memory.
+
+In:  a finished teacher run and a distilled student run of a classification task (e.g. SST-2:
+     ``bertpipe train configs/classification/sst2.yaml output_dir=runs/edge/teacher`` and
+     ``bertpipe distill runs/edge/teacher configs/classification/sst2.yaml output_dir=runs/edge/student distill.num_layers=3``).
+Out: ``OUT/edge_benchmark.json`` and ``.md`` with one row per model form:
+
+     teacher torch fp32 · teacher ONNX fp32 · teacher ONNX int8 · student torch fp32 · student ONNX int8
+
+     and columns: accuracy on the full eval split (``bertpipe evaluate`` on the run or export
+     directory, the same task code for both), size on disk of the weights file, batch-1 latency
+     p50/p95 over ``--sentences`` single eval sentences (tokenise + forward, after a warm-up),
+     batch-32 throughput over the eval split, and the peak RSS of the timing process.
+
+Each measurement runs in a fresh process, so that peak RSS is the model's own. The timing process
+loads only what a deployment would: the fast tokenizer (``tokenizers``) and torch + transformers for
+the torch rows, or onnxruntime alone for the ONNX rows (no torch import). Threads: torch's and
+onnxruntime's defaults (one per physical core).
+
+Phases (each can run alone; keep each under the CPU lock):
+    python scripts/edge_benchmark.py export   --teacher T --student S --out OUT   # the three exports
+    python scripts/edge_benchmark.py evaluate --teacher T --student S --out OUT   # accuracy of the five rows
+    python scripts/edge_benchmark.py time     --teacher T --student S --out OUT   # latency, throughput, RSS
+    python scripts/edge_benchmark.py report   --teacher T --student S --out OUT   # the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BATCH = 32
+
+
+def rows(teacher: Path, student: Path, out: Path) -> list[dict]:
+    exports = out / "exports"
+    return [
+        {"name": "teacher torch fp32", "kind": "torch", "dir": teacher},
+        {"name": "teacher ONNX fp32", "kind": "onnx", "dir": exports / "teacher-fp32"},
+        {"name": "teacher ONNX int8", "kind": "onnx", "dir": exports / "teacher-int8"},
+        {"name": "student torch fp32", "kind": "torch", "dir": student},
+        {"name": "student ONNX int8", "kind": "onnx", "dir": exports / "student-int8"},
+    ]
+
+
+def bertpipe(*args: str) -> None:
+    command = [sys.executable, "-m", "tasks.cli", *map(str, args)]
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, cwd=REPO_ROOT, check=True)
+
+
+def phase_export(teacher: Path, student: Path, out: Path) -> None:
+    exports = out / "exports"
+    # Parity on the whole eval split: the fp32 target is identical labels on every example.
+    bertpipe("export", teacher, "--out", exports / "teacher-fp32", "--parity-samples", "100000", "--overwrite")
+    bertpipe("export", teacher, "--out", exports / "teacher-int8", "--quantize", "int8", "--parity-samples", "100000", "--overwrite")
+    bertpipe("export", student, "--out", exports / "student-int8", "--quantize", "int8", "--parity-samples", "100000", "--overwrite")
+
+
+def phase_evaluate(teacher: Path, student: Path, out: Path) -> None:
+    for row in rows(teacher, student, out):
+        # fp32 for the torch rows too: a run trained with mixed_precision auto would evaluate in bf16 here.
+        bertpipe("evaluate", row["dir"], "train.mixed_precision='no'")
+
+
+def eval_sentences(run_dir: Path) -> list[str]:
+    """The eval split's texts, read through the task's own loader (so the same rows evaluate measures)."""
+    from pipelines.config import load_config
+    from pipelines.outputs import load_saved_config
+    from tasks import get_task
+
+    config = load_config(None, [], lambda name: get_task(name).Options, base=load_saved_config(run_dir))
+    task = get_task(config.task)(config)
+    examples = task.load(include_train=False)[config.data.eval_split]
+    return list(examples[config.data.text_column or "text"])
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS. VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the
+    forking parent across exec, so every child would report at least the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(kind: str, folder: Path, sentences_file: Path, count: int, max_length: int) -> dict:
+    """Runs in its own process: batch-1 latency, batch-32 throughput, peak RSS."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    sentences = json.loads(sentences_file.read_text())
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length=max_length)
+    pad_id = tokenizer.token_to_id("[PAD]") or 0
+    tokenizer.enable_padding(pad_id=pad_id, pad_token="[PAD]")
+
+    def encode(texts: list[str]) -> dict[str, np.ndarray]:
+        encoded = tokenizer.encode_batch(texts)
+        return {
+            "input_ids": np.array([e.ids for e in encoded], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encoded], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encoded], dtype=np.int64),
+        }
+
+    if kind == "onnx":
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+        names = [node.name for node in session.get_inputs()]
+
+        def forward(batch):
+            return session.run(None, {name: batch[name] for name in names})[0]
+
+        size = (folder / "model.onnx").stat().st_size
+    else:
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+
+        def forward(batch):
+            with torch.inference_mode():
+                return model(**{name: torch.from_numpy(value) for name, value in batch.items()}).logits.numpy()
+
+        size = sum(path.stat().st_size for path in folder.glob("model*.safetensors"))
+
+    single = sentences[:count]
+    for text in single[:20]:  # warm-up: allocator, kernels, ORT's first-run graph work
+        forward(encode([text]))
+    latencies = []
+    for text in single:
+        started = time.perf_counter()
+        forward(encode([text]))
+        latencies.append((time.perf_counter() - started) * 1000)
+    forward(encode(sentences[:BATCH]))
+    started = time.perf_counter()
+    for start in range(0, len(sentences), BATCH):
+        forward(encode(sentences[start : start + BATCH]))
+    throughput = len(sentences) / (time.perf_counter() - started)
+    return {
+        "size_mb": size / 2**20,
+        "latency_p50_ms": float(np.percentile(latencies, 50)),
+        "latency_p95_ms": float(np.percentile(latencies, 95)),
+        "throughput_b32_per_s": throughput,
+        "peak_rss_mb": peak_rss_mb(),
+        "threads": os.cpu_count(),
+    }
+
+
+def phase_time(teacher: Path, student: Path, out: Path, count: int) -> None:
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    sentences_file = out / "eval_sentences.json"
+    if not sentences_file.exists():
+        sentences_file.write_text(json.dumps(eval_sentences(teacher)))
+    max_length = yaml.safe_load((teacher / "config.yaml").read_text())["data"]["max_seq_length"]
+    timings = {}
+    for row in rows(teacher, student, out):
+        result = subprocess.run(
+            [sys.executable, __file__, "_measure", row["kind"], str(row["dir"]), str(sentences_file), str(count), str(max_length)],
+            cwd=REPO_ROOT, check=True, capture_output=True, text=True,
+        )
+        timings[row["name"]] = json.loads(result.stdout.strip().splitlines()[-1])
+        print(row["name"], timings[row["name"]], flush=True)
+    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+
+
+def phase_report(teacher: Path, student: Path, out: Path) -> None:
+    timings = json.loads((out / "timings.json").read_text())
+    table = []
+    teacher_torch = None
+    for row in rows(teacher, student, out):
+        evaluated = json.loads((row["dir"] / "eval_validation.json").read_text())
+        timing = timings[row["name"]]
+        entry = {"row": row["name"], "accuracy": evaluated["eval_accuracy"], "eval_samples": evaluated["eval_samples"], **timing}
+        export_file = row["dir"] / "export.json"
+        if export_file.exists():
+            parity = json.loads(export_file.read_text())["parity"]
+            entry["parity"] = parity.get("int8", parity["fp32"])
+        teacher_torch = teacher_torch or entry
+        entry["speedup_b1"] = teacher_torch["latency_p50_ms"] / entry["latency_p50_ms"]
+        entry["smaller"] = teacher_torch["size_mb"] / entry["size_mb"]
+        table.append(entry)
+    lines = [
+        "| model | accuracy | size (MB) | × smaller | batch-1 p50 (ms) | p95 (ms) | × faster (p50) | batch-32 (sent/s) | peak RSS (MB) | export vs its torch fp32 model: max abs Δ logit / labels agreeing |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for e in table:
+        parity = e.get("parity")
+        agree = f"{parity['max_abs_diff']:.2e} / {parity['features_agreeing']}/{parity['features_compared']}" if parity else "—"
+        lines.append(
+            f"| {e['row']} | {100 * e['accuracy']:.2f} | {e['size_mb']:.1f} | {e['smaller']:.2f} | {e['latency_p50_ms']:.2f} | "
+            f"{e['latency_p95_ms']:.2f} | {e['speedup_b1']:.2f} | {e['throughput_b32_per_s']:.0f} | {e['peak_rss_mb']:.0f} | {agree} |"
+        )
+    markdown = "\n".join(lines) + "\n"
+    (out / "edge_benchmark.md").write_text(markdown)
+    (out / "edge_benchmark.json").write_text(json.dumps(table, indent=2) + "\n")
+    print(markdown)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_measure":
+        kind, folder, sentences_file, count, max_length = sys.argv[2:7]
+        print(json.dumps(measure(kind, Path(folder), Path(sentences_file), int(count), int(max_length))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=["export", "evaluate", "time", "report", "all"])
+    parser.add_argument("--teacher", type=Path, required=True)
+    parser.add_argument("--student", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sentences", type=int, default=500, help="single sentences timed at batch 1 (default 500)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO_ROOT))
+    for phase in (["export", "evaluate", "time", "report"] if args.phase == "all" else [args.phase]):
+        if phase == "export":
+            phase_export(args.teacher, args.student, args.out)
+        elif phase == "evaluate":
+            phase_evaluate(args.teacher, args.student, args.out)
+        elif phase == "time":
+            phase_time(args.teacher, args.student, args.out, args.sentences)
+        else:
+            phase_report(args.teacher, args.student, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Knowledge distillation (pipelines/distill.py): layer choice, the soft-target loss, the config
+section, and teacher -> student runs for classification and NER through the one training loop.
+
+The runs are tiny BERTs trained in-process in fp32 (pinned: KL values are compared). "Lowers the KL"
+is measured against the student's own start: the teacher cut down to the chosen layers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.config import ConfigError, load_config
+from pipelines.distill import (
+    DistillError, distill_config, hidden_layer_map, mean_teacher_kl, shrink_to_layers, soft_target_kl, teacher_layer_choice,
+)
+from tasks import get_task
+from tests.conftest import build_tiny_bert, classification_config, sentiment_rows, write_jsonl
+from tests.test_cli_ner import ner_sentences, toy_ner_config, toy_ner_model
+
+PINNED = ["train.mixed_precision='no'", "train.torch_num_threads=1", "train.eval_steps=null"]
+
+
+def options_for(name: str):
+    return get_task(name).Options
+
+
+def train_config(config):
+    from pipelines.train import train
+
+    train(config, get_task(config.task)(config))
+    return Path(config.output_dir)
+
+
+def test_distill_teacher_layer_choice_is_every_other_layer_by_default():
+    assert teacher_layer_choice(12) == [0, 2, 4, 6, 8, 10]  # DistilBERT
+    assert teacher_layer_choice(12, num_layers=3) == [0, 4, 8]
+    assert teacher_layer_choice(2) == [0]
+    assert teacher_layer_choice(12, layers=[1, 11]) == [1, 11]
+    with pytest.raises(DistillError, match="exceeds"):
+        teacher_layer_choice(2, num_layers=3)
+    with pytest.raises(DistillError, match="layers 0..5"):
+        teacher_layer_choice(6, layers=[0, 6])
+    assert hidden_layer_map(3, 12) == [(0, 0), (1, 4), (2, 8), (3, 12)]
+
+
+def test_distill_soft_target_kl_matches_the_formula():
+    student, teacher = torch.tensor([[1.0, 0.0, -1.0]]), torch.tensor([[0.0, 2.0, 0.0]])
+    temperature = 2.0
+    p = torch.softmax(teacher / temperature, -1)
+    q = torch.softmax(student / temperature, -1)
+    expected = float((p * (p / q).log()).sum()) * temperature**2
+    assert float(soft_target_kl(student, teacher, temperature)) == pytest.approx(expected, rel=1e-6)
+    assert float(soft_target_kl(teacher, teacher, temperature)) == pytest.approx(0.0, abs=1e-7)
+    rows = torch.tensor([False])
+    assert float(soft_target_kl(student, teacher, temperature, rows)) == 0.0
+
+
+def test_distill_shrink_keeps_the_chosen_teacher_layers(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    teacher = AutoModelForSequenceClassification.from_pretrained(build_tiny_bert(tmp_path / "tiny"), num_labels=2)
+    student = shrink_to_layers(teacher, [1])
+    assert student.config.num_hidden_layers == 1 and teacher.config.num_hidden_layers == 2
+    torch.testing.assert_close(student.bert.encoder.layer[0].attention.self.query.weight, teacher.bert.encoder.layer[1].attention.self.query.weight)
+    torch.testing.assert_close(student.classifier.weight, teacher.classifier.weight)
+    torch.testing.assert_close(student.bert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight)
+
+
+@pytest.fixture(scope="module")
+def classification_teacher(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill-cls")
+    tiny = build_tiny_bert(root / "tiny")
+    files = {
+        "train": write_jsonl(root / "train.jsonl", sentiment_rows(96, seed=1)),
+        "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(37, seed=2)),
+    }
+    path = classification_config(root, tiny, files, run_name="teacher")
+    train_config(load_config(path, [*PINNED, "train.max_steps=96"], options_for))
+    return root, path, root / "teacher"
+
+
+def test_distill_config_section_is_validated(classification_teacher, tmp_path):
+    root, path, teacher = classification_teacher
+    config = distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", "distill.alpha=0.7"], options_for)
+    assert config.distill.alpha == 0.7 and config.distill.init == "teacher" and config.model.name_or_path == str(teacher)
+    assert config.to_yaml_dict()["distill"]["teacher"] == str(teacher)
+    assert "distill" not in load_config(path, [], options_for).to_yaml_dict()
+    with pytest.raises(ConfigError, match="distill.alphaa.*did you mean 'distill.alpha'"):
+        distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", "distill.alphaa=0.7"], options_for)
+    with pytest.raises(ConfigError, match="distill.alpha"):
+        distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", "distill.alpha=1.5"], options_for)
+    with pytest.raises(ConfigError, match="need distill.init=teacher"):
+        distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", "distill.init=model", "distill.num_layers=1"], options_for)
+    with pytest.raises(ConfigError, match="another output_dir"):
+        distill_config(str(teacher), str(path), [f"output_dir={teacher}"], options_for)
+    with pytest.raises(ConfigError, match="model.name_or_path must be"):
+        load_config(path, [f"output_dir={tmp_path / 's'}", f"distill.teacher={teacher}"], options_for)
+
+
+def _kl_batches(tokenizer, texts, **kwargs):
+    return [tokenizer(texts[i : i + 16], padding=True, truncation=True, max_length=32, return_tensors="pt", **kwargs) for i in range(0, len(texts), 16)]
+
+
+def random_student(folder: Path, teacher_dir: Path) -> Path:
+    """A 1-layer student with random weights (head included) and the teacher's tokenizer and labels."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(teacher_dir)
+    config.num_hidden_layers = 1
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(folder)
+    return folder
+
+
+def test_distill_classification_lowers_kl_and_the_student_is_a_normal_run(classification_teacher, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    root, path, teacher_dir = classification_teacher
+    start_dir = random_student(tmp_path / "start", teacher_dir)
+    student_dir = tmp_path / "student"
+    config = distill_config(
+        str(teacher_dir), str(path),
+        [*PINNED, f"output_dir={student_dir}", f"model.name_or_path={start_dir}", "distill.init=model", "train.max_steps=72",
+         "distill.alpha=0.9", "distill.temperature=2.0"], options_for,
+    )
+    train_config(config)
+    metrics = json.loads((student_dir / "metrics.json").read_text())
+
+    teacher = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
+    start = AutoModelForSequenceClassification.from_pretrained(start_dir).eval()
+    student = AutoModelForSequenceClassification.from_pretrained(student_dir).eval()
+    assert student.config.num_hidden_layers == 1 and student.config.id2label == teacher.config.id2label
+    assert metrics["total_params"] == sum(p.numel() for p in student.parameters())  # the teacher is not counted
+    tokenizer = AutoTokenizer.from_pretrained(student_dir)
+    batches = _kl_batches(tokenizer, [row["sentence"] for row in sentiment_rows(37, seed=2)])
+    before = mean_teacher_kl(start, teacher, batches, teacher.config)
+    after = mean_teacher_kl(student, teacher, batches, teacher.config)
+    assert after < 0.5 * before, (before, after)
+
+    served = pipeline("text-classification", model=str(student_dir))
+    assert served("the film was superb")[0]["label"] in {"negative", "positive"}
+    assert "distill" in (student_dir / "config.yaml").read_text()
+
+
+def test_distill_ner_from_teacher_layers_stays_closer_to_the_teacher_than_fine_tuning(tmp_path):
+    """init=teacher (layer 1 of 2) with hidden-state transfer, against the same student trained on the labels alone."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    (tmp_path / "ner").mkdir()
+    path = toy_ner_config(tmp_path / "ner", toy_ner_model(tmp_path / "ner"))
+    teacher_dir = train_config(load_config(path, [*PINNED, "train.max_steps=60", f"output_dir={tmp_path / 'teacher'}"], options_for))
+    students = {}
+    for name, alpha, hidden in (("distilled", 0.9, 1.0), ("fine_tuned", 0.0, 0.0)):
+        config = distill_config(
+            str(teacher_dir), str(path),
+            [*PINNED, f"output_dir={tmp_path / name}", "train.max_steps=30", f"distill.alpha={alpha}",
+             f"distill.hidden_weight={hidden}", "distill.layers=[1]"], options_for,
+        )
+        students[name] = AutoModelForTokenClassification.from_pretrained(train_config(config)).eval()
+
+    teacher = AutoModelForTokenClassification.from_pretrained(teacher_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
+    words = [sentence for sentence, _ in ner_sentences(32, seed=2, long_every=1000)]
+    batches = _kl_batches(tokenizer, words, is_split_into_words=True)
+    kl = {name: mean_teacher_kl(student, teacher, batches, teacher.config) for name, student in students.items()}
+    start = mean_teacher_kl(shrink_to_layers(teacher, [1]), teacher, batches, teacher.config)
+    assert students["distilled"].config.num_hidden_layers == 1
+    assert kl["distilled"] < start and kl["distilled"] < 0.5 * kl["fine_tuned"], (start, kl)

@@ -1,0 +1,177 @@
+"""ONNX export and onnxruntime prediction for every encoder task, on tiny BERT runs trained here.
+
+For classification, NER and QA: the export's own parity check (max |Δ output| ≤ 1e-4 against torch,
+every eval feature predicting the same labels), dynamic batch and sequence axes in the graph, and
+``predict`` on the export directory giving the torch run's predictions (the same task code formats
+both). int8: smaller, MatMuls quantised, attention products and LayerNorm left fp32, and most labels
+unchanged. Runs train in-process for a few steps (fp32 pinned: the numbers compared assume it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from pipelines.config import load_config  # noqa: E402
+from pipelines.evaluation import predict_file  # noqa: E402
+from pipelines.export import EXPORT_FILE, ONNX_FILE, OnnxModel, compare_outputs, export_run  # noqa: E402
+from pipelines.outputs import load_saved_config  # noqa: E402
+from tasks import get_task  # noqa: E402
+from tests.conftest import build_tiny_bert, classification_config, sentiment_rows, write_jsonl  # noqa: E402
+from tests.test_cli_ner import ner_sentences, toy_ner_config, toy_ner_model  # noqa: E402
+from tests.test_cli_qa import NAMES, QUESTION, qa_config, write_data  # noqa: E402
+
+PINNED = ["train.mixed_precision='no'", "train.torch_num_threads=1", "train.eval_steps=null"]
+
+
+def options_for(name: str):
+    return get_task(name).Options
+
+
+def train_in_process(config_path: Path, *overrides: str) -> Path:
+    from pipelines.train import train
+
+    config = load_config(config_path, [*PINNED, *overrides], options_for)
+    train(config, get_task(config.task)(config))
+    return Path(config.output_dir)
+
+
+def task_for(run_dir: Path):
+    config = load_config(None, [], options_for, base=load_saved_config(run_dir))
+    return config, get_task(config.task)(config)
+
+
+def export(run_dir: Path, out: Path, **options) -> dict:
+    config, task = task_for(run_dir)
+    return export_run(config, task, run_dir, out, **options)
+
+
+def predict(folder: Path, inputs: Path, output: Path) -> list[dict]:
+    config, task = task_for(folder)
+    predict_file(config, task, str(folder), str(inputs), str(output))
+    return [json.loads(line) for line in output.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("edge-runs")
+    tiny = build_tiny_bert(root / "tiny")
+    files = {
+        "train": write_jsonl(root / "train.jsonl", sentiment_rows(96, seed=1)),
+        "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(37, seed=2)),
+    }
+    classification = train_in_process(classification_config(root, tiny, files, run_name="cls"), "train.max_steps=24")
+    (root / "ner").mkdir()
+    ner = train_in_process(toy_ner_config(root / "ner", toy_ner_model(root / "ner")), "train.max_steps=30")
+    (root / "qa").mkdir()
+    qa_model = build_tiny_bert(root / "qa" / "tiny", vocab_words=NAMES * 5)
+    qa = train_in_process(qa_config(root / "qa", qa_model, write_data(root / "qa", unanswerable=0.0), v2=False), "train.max_steps=30")
+    return {"classification": classification, "ner": ner, "qa": qa}
+
+
+def prediction_inputs(task: str, folder: Path) -> Path:
+    if task == "classification":
+        path = folder / "inputs.txt"
+        path.write_text("the film was superb\nawful and dull plot\nthe scenes were warm and bright\ngrim\n")
+    elif task == "ner":
+        sentences = ner_sentences(6, seed=5, long_every=3)  # some longer than a window
+        path = write_jsonl(folder / "inputs.jsonl", [{"tokens": words} for words, _ in sentences])
+    else:
+        long_context = " ".join(["the film was a story with very and plot"] * 4 + ["grace"] + ["it is of scenes"] * 3)
+        path = write_jsonl(folder / "inputs.jsonl", [
+            {"id": "short", "question": QUESTION, "context": "the plot was dull and bob was fine"},
+            {"id": "long", "question": QUESTION, "context": long_context},
+        ])
+    return path
+
+
+@pytest.mark.parametrize("task", ["classification", "ner", "qa"])
+def test_export_onnx_matches_torch_and_predicts_the_same(runs, task, tmp_path):
+    import onnx
+
+    run_dir = runs[task]
+    summary = export(run_dir, tmp_path / "onnx")
+    saved = json.loads((tmp_path / "onnx" / EXPORT_FILE).read_text())
+    assert saved == json.loads(json.dumps(summary))
+    assert saved["precision"] == "fp32" and saved["opset"] >= 18 and saved["task"] == task
+    parity = saved["parity"]["fp32"]
+    assert parity["max_abs_diff"] <= 1e-4, parity
+    assert parity["agreement"] == 1.0 and parity["features_compared"] >= saved["parity"]["examples"] > 0, parity
+
+    graph = onnx.load(str(tmp_path / "onnx" / ONNX_FILE)).graph
+    per_token = task != "classification"  # NER and QA outputs have a sequence axis, classification's a label axis
+    for node in [*graph.input, *(graph.output if per_token else [])]:
+        dims = node.type.tensor_type.shape.dim
+        assert dims[0].dim_param and dims[1].dim_param, f"{node.name} has a fixed batch or sequence axis"
+    assert all(node.type.tensor_type.shape.dim[0].dim_param for node in graph.output)
+    assert {p.name for p in (tmp_path / "onnx").iterdir()} >= {ONNX_FILE, EXPORT_FILE, "config.json", "config.yaml", "tokenizer.json"}
+
+    inputs = prediction_inputs(task, tmp_path)
+    from_torch = predict(run_dir, inputs, tmp_path / "torch.jsonl")
+    from_onnx = predict(tmp_path / "onnx", inputs, tmp_path / "onnx.jsonl")
+    assert len(from_onnx) == len(from_torch) > 0
+    for torch_row, onnx_row in zip(from_torch, from_onnx):
+        assert set(onnx_row) == set(torch_row)
+        for key, value in torch_row.items():
+            if key == "score":
+                assert onnx_row[key] == pytest.approx(value, abs=1e-4)
+            elif key == "scores":
+                assert onnx_row[key] == pytest.approx(value, abs=1e-4)
+            elif key == "entities":
+                assert [{k: v for k, v in e.items() if k != "score"} for e in onnx_row[key]] == \
+                       [{k: v for k, v in e.items() if k != "score"} for e in value]
+            elif key not in ("tag_scores", "no_answer_probability"):
+                assert onnx_row[key] == value, key
+
+
+def test_export_int8_is_smaller_quantises_matmuls_and_keeps_most_labels(runs, tmp_path):
+    run_dir = runs["classification"]
+    fp32 = export(run_dir, tmp_path / "fp32")
+    int8 = export(run_dir, tmp_path / "int8", quantize="int8")
+    assert int8["precision"] == "int8"
+    assert int8["size_bytes"] < fp32["size_bytes"]
+    quantization = int8["quantization"]
+    assert quantization["quantized_ops"]["MatMulInteger"] >= 2 * 6  # 6 weight MatMuls per layer, 2 layers
+    # Attention's two activation products stay fp32 in each layer, and so does LayerNorm.
+    assert quantization["kept_fp32_ops"]["MatMul"] == 2 * 2 and quantization["kept_fp32_ops"]["LayerNormalization"] >= 2
+    chosen = quantization["max_abs_diff_per_channel" if quantization["per_channel"] else "max_abs_diff_per_tensor"]
+    assert chosen == min(quantization["max_abs_diff_per_channel"], quantization["max_abs_diff_per_tensor"])
+    assert int8["parity"]["int8"]["agreement"] >= 0.8, int8["parity"]
+    assert 0 < int8["parity"]["int8"]["max_abs_diff"] < 0.5
+
+    inputs = prediction_inputs("classification", tmp_path)
+    rows = predict(tmp_path / "int8", inputs, tmp_path / "int8.jsonl")
+    reference = predict(run_dir, inputs, tmp_path / "torch.jsonl")
+    assert sum(a["label"] == b["label"] for a, b in zip(rows, reference)) >= len(rows) - 1
+
+
+def test_export_onnx_model_takes_any_batch_and_sequence_length(runs, tmp_path):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    export(runs["classification"], tmp_path / "onnx", parity_samples=4)
+    onnx_model = OnnxModel(tmp_path / "onnx")
+    assert onnx_model.config.id2label == {0: "negative", 1: "positive"}
+    tokenizer = AutoTokenizer.from_pretrained(runs["classification"])
+    torch_model = AutoModelForSequenceClassification.from_pretrained(runs["classification"]).eval()
+    for texts in (["grim"], ["the film was lovely and the actors were great " * 2, "bad", "a story", "warm bright scenes"]):
+        batch = tokenizer(texts, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            expected = torch_model(**batch).logits
+        torch.testing.assert_close(onnx_model(**batch).logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_export_compare_outputs_masks_padding_and_counts_label_flips():
+    import numpy as np
+
+    mask = np.array([[1, 1, 0], [1, 1, 1]])
+    reference = [{"logits": np.array([[[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])}]
+    # Padding differs wildly (ignored); example 1 flips its last token's label.
+    candidate = [{"logits": np.array([[[0.0, 1.0], [2.0, 0.0], [9.0, -9.0]], [[1.0, 0.0], [0.0, 1.0], [0.7, 0.5]]])}]
+    result = compare_outputs(reference, candidate, [mask], ("logits",))
+    assert result["max_abs_diff"] == pytest.approx(0.7)
+    assert result["features_agreeing"] == 1 and result["features_compared"] == 2

@@ -1,0 +1,127 @@
+"""The edge commands end to end through the CLI entry point (``tasks.cli.main``, in-process to stay cheap):
+export -> predict/evaluate on the export directory, LoRA merge -> export, distill -> export the student,
+and bad inputs (unfinished run, non-encoder task, adapter-only run, low opset, occupied --out, a bad
+teacher) as exit status 2 with one message naming the problem and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("onnxruntime")
+
+from tasks.cli import main  # noqa: E402
+from tests.conftest import build_tiny_bert, classification_config, sentiment_rows, write_jsonl  # noqa: E402
+
+PINNED = ["train.mixed_precision='no'", "train.torch_num_threads=1", "train.eval_steps=null"]
+
+
+def cli(*args: str) -> int:
+    return main([str(arg) for arg in args])
+
+
+def expect_error(capsys, *args: str, naming: list[str]) -> str:
+    capsys.readouterr()
+    assert cli(*args) == 2
+    err = capsys.readouterr().err
+    message = err[err.index(f"bertpipe {args[0]}: error:"):]  # progress bars may come first
+    assert "Traceback" not in err, err
+    for fragment in naming:
+        assert fragment in message, (fragment, err)
+    return err
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("edge-cli")
+    tiny = build_tiny_bert(root / "tiny")
+    files = {
+        "train": write_jsonl(root / "train.jsonl", sentiment_rows(96, seed=1)),
+        "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(37, seed=2)),
+    }
+    config = classification_config(root, tiny, files, run_name="run")
+    assert cli("train", config, *PINNED, "train.max_steps=60") == 0
+    inputs = root / "inputs.txt"
+    inputs.write_text("the film was superb\nawful and dull plot\ngrim sad story\n")
+    return {"root": root, "config": config, "run": root / "run", "inputs": inputs}
+
+
+def test_cli_export_then_predict_and_evaluate_on_the_export(setup, tmp_path):
+    run, out = setup["run"], tmp_path / "onnx"
+    assert cli("export", run, "--out", out, "--opset", "18") == 0
+    assert json.loads((out / "export.json").read_text())["parity"]["fp32"]["max_abs_diff"] <= 1e-4
+
+    assert cli("predict", out, "--input", setup["inputs"], "--output", tmp_path / "onnx.jsonl") == 0
+    assert cli("predict", run, "--input", setup["inputs"], "--output", tmp_path / "torch.jsonl") == 0
+    onnx_rows = [json.loads(line) for line in (tmp_path / "onnx.jsonl").read_text().splitlines()]
+    torch_rows = [json.loads(line) for line in (tmp_path / "torch.jsonl").read_text().splitlines()]
+    assert [row["label"] for row in onnx_rows] == [row["label"] for row in torch_rows]
+    assert [set(row) for row in onnx_rows] == [set(row) for row in torch_rows]
+
+    assert cli("evaluate", out) == 0
+    evaluated = json.loads((out / "eval_validation.json").read_text())
+    trained = json.loads((run / "metrics.json").read_text())
+    assert evaluated["eval_accuracy"] == pytest.approx(trained["eval_accuracy"])
+
+
+def test_cli_export_bad_inputs_exit_2_naming_the_problem(setup, tmp_path, capsys):
+    run = setup["run"]
+    expect_error(capsys, "export", tmp_path / "nowhere", "--out", tmp_path / "o", naming=["nowhere", "not a bertpipe run directory"])
+
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(run, unfinished)
+    (unfinished / "metrics.json").unlink()
+    expect_error(capsys, "export", unfinished, "--out", tmp_path / "o", naming=[str(unfinished), "not a finished run"])
+
+    # Same files, but the saved config says MLM: the task decides what can be exported.
+    mlm = tmp_path / "mlm"
+    shutil.copytree(run, mlm)
+    saved = yaml.safe_load((mlm / "config.yaml").read_text())
+    saved.pop("classification", None)
+    saved["task"] = "mlm"
+    (mlm / "config.yaml").write_text(yaml.safe_dump(saved))
+    expect_error(capsys, "export", mlm, "--out", tmp_path / "o", naming=["'mlm'", "cannot be exported", "classification, ner, qa"])
+
+    expect_error(capsys, "export", run, "--out", tmp_path / "o", "--opset", "17", naming=["--opset 17", "18"])
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+    expect_error(capsys, "export", run, "--out", occupied, naming=[str(occupied), "--overwrite"])
+    assert (occupied / "keep.txt").read_text() == "mine"
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_export_lora_run_needs_merge_then_exports_the_merged_model(setup, tmp_path, capsys):
+    lora = tmp_path / "lora"
+    assert cli("train", setup["config"], *PINNED, f"output_dir={lora}", "train.max_steps=4", "model.peft.method=lora") == 0
+    expect_error(capsys, "export", lora, "--out", tmp_path / "o", naming=[str(lora), "only a peft adapter", f"bertpipe merge {lora}"])
+    assert cli("merge", lora) == 0
+    assert cli("export", lora, "--out", tmp_path / "onnx") == 0
+    summary = json.loads((tmp_path / "onnx" / "export.json").read_text())
+    assert summary["source"].endswith("merged") and summary["parity"]["fp32"]["max_abs_diff"] <= 1e-4
+    assert cli("predict", tmp_path / "onnx", "--input", setup["inputs"], "--output", tmp_path / "p.jsonl") == 0
+
+
+def test_cli_distill_student_is_a_run_that_exports_and_bad_teachers_exit_2(setup, tmp_path, capsys):
+    student = tmp_path / "student"
+    assert cli("distill", setup["run"], setup["config"], *PINNED, f"output_dir={student}", "train.max_steps=12",
+               "distill.num_layers=1", "distill.temperature=3") == 0
+    assert json.loads((student / "config.json").read_text())["num_hidden_layers"] == 1
+    saved = yaml.safe_load((student / "config.yaml").read_text())
+    assert saved["distill"]["teacher"] == str(setup["run"]) and saved["distill"]["temperature"] == 3
+    assert cli("export", student, "--out", tmp_path / "int8", "--quantize", "int8") == 0
+    assert cli("predict", tmp_path / "int8", "--input", setup["inputs"], "--output", tmp_path / "p.jsonl") == 0
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 3
+
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(setup["run"], unfinished)
+    (unfinished / "metrics.json").unlink()
+    expect_error(capsys, "distill", unfinished, setup["config"], *PINNED, f"output_dir={tmp_path / 's2'}",
+                 naming=[str(unfinished), "not a finished run"])
+    expect_error(capsys, "distill", setup["run"], setup["config"], f"output_dir={tmp_path / 's3'}", "distill.init=model",
+                 "distill.num_layers=1", naming=["distill", "distill.init=teacher"])
