@@ -105,7 +105,10 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
     """An accelerator in the inference ``precision`` (fp32, bf16, fp16, auto), and the run's tokenizer
     and model; an adapter run comes back as a PeftModel on its base weights
     (``pipelines.modeling.load_model`` rebuilds it when the task loads ``model_path``)."""
-    if not (Path(run_dir) / METRICS_FILE).is_file():
+    from pipelines.export import is_export_dir
+
+    # An export directory is finished by construction (only a finished run can be exported).
+    if not (Path(run_dir) / METRICS_FILE).is_file() and not is_export_dir(run_dir):
         raise OutputDirError(
             f"{run_dir} holds no finished run (no {METRICS_FILE}): its training was interrupted or failed. Finish it "
             f"with `bertpipe train {Path(run_dir) / CONFIG_FILE} train.resume_from_checkpoint=latest`, or point to a "
@@ -152,7 +155,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     examples = task.load_inputs(input_path)
     features = task.preprocess(examples, train=False)
-    check_sequence_lengths(accelerator.unwrap_model(model).config, features, where=f"--input {input_path}")
+    check_sequence_lengths(model.config, features, where=f"--input {input_path}")
     loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
     model, loader = accelerator.prepare(model, loader)
     outputs = run_predictions(

@@ -130,6 +130,9 @@ def without_autocast(accelerator: Accelerator, model) -> Iterator[None]:
     (``generate()`` calls ``forward`` too). Weights are fp32 under autocast, so this is exact fp32.
     FSDP's and DeepSpeed's own bf16 (weights or compute held in bf16) are not autocast and stay as they are.
     """
+    if not isinstance(model, torch.nn.Module):  # an onnxruntime session (an export directory) has no autocast
+        yield
+        return
     inner = accelerator.unwrap_model(model)
     plain = getattr(inner, "_original_forward", None)
     if plain is None or "forward" not in vars(inner):

@@ -71,7 +71,7 @@ def test_cli_export_then_predict_and_evaluate_on_the_export(setup, tmp_path):
 
 def test_cli_export_bad_inputs_exit_2_naming_the_problem(setup, tmp_path, capsys):
     run = setup["run"]
-    expect_error(capsys, "export", tmp_path / "nowhere", "--out", tmp_path / "o", naming=["nowhere", "not a bertpipe run directory"])
+    expect_error(capsys, "export", tmp_path / "nowhere", "--out", tmp_path / "o", naming=["nowhere", "does not exist"])
 
     unfinished = tmp_path / "unfinished"
     shutil.copytree(run, unfinished)
