@@ -246,8 +246,8 @@ def build_family(family: str, directory: Path) -> Path:
     torch.manual_seed(0)
     if family in SEQ2SEQ_FAMILIES and family != "bert2bert":
         model = AutoModelForSeq2SeqLM.from_config(config)
-    elif family in ("electra", "modernbert"):
-        model = AutoModelForMaskedLM.from_config(config)  # the released checkpoints carry their MLM head
+    elif family in ENCODER_FAMILIES:
+        model = AutoModelForMaskedLM.from_config(config)  # released encoders carry their MLM head
     else:
         model = AutoModel.from_config(config)
     directory.mkdir(parents=True, exist_ok=True)
