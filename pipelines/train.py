@@ -32,6 +32,7 @@ from pipelines.config import RunConfig
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
     MERGED_DIR, apply_peft, base_model_id, count_parameters, is_peft_model, save_adapter_run, save_merged_model,
+    set_fsdp_wrap_classes,
 )
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
 from pipelines.runtime import build_accelerator
@@ -98,6 +99,7 @@ def train(config: RunConfig, task: Task) -> dict[str, float]:
     )
 
     optimizer = build_optimizer(model, config.train)
+    set_fsdp_wrap_classes(accelerator, model)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     plan = plan_steps(config.train, len(train_loader))
     scheduler = accelerator.prepare(build_scheduler(optimizer, config.train, plan, accelerator.num_processes))
