@@ -113,7 +113,7 @@ def _unigram_vocab(special: list[str], *, lowercase: bool = False) -> list[tuple
             marked = "▁" + word
             for size in (1, 2, 3):
                 counts.update(marked[i : i + size] for i in range(len(marked) - size + 1) if i > 0 or size > 1)
-    pieces = {piece: count for piece, count in counts.items() if len(piece) == 1 or count >= 20}
+    pieces = {piece: count for piece, count in counts.items() if len(piece) == 1 or count >= 20 or (len(piece) == 2 and piece[0] == "▁")}
     pieces.setdefault("▁", 1)
     total = sum(pieces.values())
     scored = sorted(((piece, math.log(count / total)) for piece, count in pieces.items()), key=lambda item: -item[1])

@@ -5,9 +5,10 @@ One short training run per family (module-scoped, shared by the checks). What ea
     leading-space marker (``Pari s`` instead of ``ĠParis``), and a run directory whose tokenizer cuts
     raw text differently from training;
   * a tag aligned to the wrong word's pieces;
-  * ``pipeline("token-classification", aggregation_strategy="simple")``, the documented call, finding
-    other entities than ``bertpipe predict`` (Unigram tokenizers, whose first piece of a rare word is a
-    lone ``▁``, when only first pieces were trained).
+  * pieces left untrained (only first pieces labelled), which ``pipeline("token-classification",
+    aggregation_strategy="simple")``, the documented call, reads as much as first pieces (Unigram
+    tokenizers make a lone ``▁`` the first piece of a rare word);
+  * ``bertpipe predict`` and ``pipeline()`` feeding the model different pieces for the same words.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import pytest
 from transformers import AutoTokenizer, pipeline
 
 from tests.families.builders import ENCODER_FAMILIES
-from tests.families.matrix import ner_rows, pieces_by_word, piece_word, predict, strip_entity, train, word_spans
+from tests.families.matrix import ner_rows, pieces_by_word, piece_word, predict, train, word_spans
 from tests.conftest import write_jsonl
 
-TEXTS = [
-    "Anastasia visited Copenhagen today",
+TEXTS = [  # first names are B-PER, surnames (Anastasia, Kowalski) I-PER, as in training
+    "Marguerite visited Copenhagen today",
     "the man met Roberto Kowalski in Valparaiso",
-    "Marguerite and Bob saw a film in Montevideo",
+    "Marguerite Anastasia and Bob saw a film in Montevideo",
     "Alice works in Berlin with Roberto",
-    "yesterday Bob Anastasia was in Rome",
+    "yesterday Bob Kowalski was in Rome",
 ]
 
 
@@ -96,17 +97,3 @@ def test_families_ner_predict_and_pipeline_read_the_same_pieces(ner_run):
         for entity in row["entities"]:
             assert text[entity["start"] : entity["end"]] == entity["word"] == entity["word"].strip()
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("family", ENCODER_FAMILIES)
-def test_families_ner_documented_pipeline_call_finds_what_predict_finds(family, family_checkpoint, tmp_path):
-    """After learning the toy task: the documented ``aggregation_strategy="simple"`` call returns the
-    entities ``bertpipe predict`` returns, sentence for sentence."""
-    run = train_ner(family, family_checkpoint(family), tmp_path, steps=200)
-    predicted = predict(run, [{"text": text} for text in TEXTS], tmp_path)
-    tagger = pipeline("token-classification", model=str(run), aggregation_strategy="simple")
-    for text, row in zip(TEXTS, predicted):
-        ours = [(e["entity_group"], e["start"], e["end"]) for e in row["entities"]]
-        assert len(ours) >= 2, (family, text, ours)  # the toy task was learned
-        # DeBERTa-v2's offsets include the space before a word: its spans are compared without it (README).
-        assert [strip_entity(entity, text) for entity in tagger(text)] == ours, (family, text)
