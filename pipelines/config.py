@@ -173,6 +173,12 @@ class TrainConfig(Section):
     """``torch.compile`` the model's forward (inductor). Pays a compile at start and at each new
     shape family; worth it only for long runs."""
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no_is_false(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare ``no`` (``train.mixed_precision=no``, ``mixed_precision: no``) as false.
+        return "no" if value is False else value
+
     @model_validator(mode="after")
     def _best_model_needs_metric(self) -> "TrainConfig":
         if (self.load_best_model_at_end or self.early_stopping_patience) and not self.metric_for_best_model:

@@ -55,6 +55,55 @@ def load_tokenizer(name_or_path: str, revision: str | None = None) -> PreTrained
     return tokenizer
 
 
+def encode_words_as_in_running_text(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Make pre-split words (``is_split_into_words``) tokenise as the same words do in running text.
+
+    Byte-level BPE (RoBERTa, BART, ModernBERT, GPT-2 style) marks a word that follows a space with
+    ``Ġ``; words handed over one by one have no space before them, so ``["Alice", "visited"]`` became
+    ``A lice v is ited`` (pieces pretraining never saw) while raw text given to ``pipeline()`` became
+    ``ĠAlice Ġvisited``. The fix is made on the backend, where every class honours it, including the
+    generic ``PreTrainedTokenizerFast`` that ignores an ``add_prefix_space`` argument: the byte-level
+    pre-tokenizer adds the prefix space (every word, the first of a text too, gets its ``Ġ``), the
+    offset-trimming processors know of it, and a post-processor that does not trim offsets (ModernBERT's
+    template) gets byte-level offset trimming so that no offset covers the space before a word.
+    ``add_prefix_space`` is also recorded in the tokenizer's init arguments, because model-specific
+    classes (``RobertaTokenizer``) rebuild their pre-tokenizer from it when the run directory is loaded.
+    WordPiece and Metaspace (Unigram) tokenizers already split words alike either way: unchanged.
+    Returns ``tokenizer`` (changed in place).
+    """
+    from tokenizers import pre_tokenizers, processors
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer
+    pre = backend.pre_tokenizer
+    parts = [pre[index] for index in range(len(_sequence_items(pre)))] if isinstance(pre, pre_tokenizers.Sequence) else [pre]
+    byte_level = [part for part in parts if isinstance(part, pre_tokenizers.ByteLevel)]
+    if not byte_level or all(part.add_prefix_space for part in byte_level):
+        return tokenizer
+    for part in byte_level:
+        part.add_prefix_space = True
+    post = backend.post_processor
+    if isinstance(post, (processors.RobertaProcessing, processors.ByteLevel)):
+        post.add_prefix_space = True
+    elif post is not None and not _trims_offsets(post):
+        backend.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=True, add_prefix_space=True), post])
+    tokenizer.add_prefix_space = True
+    tokenizer.init_kwargs["add_prefix_space"] = True
+    return tokenizer
+
+
+def _sequence_items(sequence) -> list:
+    return json.loads(sequence.__getstate__())["pretokenizers"]
+
+
+def _trims_offsets(post_processor) -> bool:
+    state = json.loads(post_processor.__getstate__())
+    if state.get("type") == "Sequence":
+        return any(item.get("trim_offsets") for item in state.get("processors", []))
+    return bool(state.get("trim_offsets"))
+
+
 def tokenizer_source(model: ModelConfig, model_path: str | None = None) -> str:
     """The run folder when evaluating a finished run, else the configured tokenizer or model."""
     source = model_path or model.tokenizer_name_or_path or model.name_or_path
@@ -188,6 +237,7 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return trainable, total
 
 
+# ----- FSDP ---------------------------------------------------------------------------------
 # ----- PEFT ---------------------------------------------------------------------------------
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 MERGED_DIR = "merged"
@@ -206,11 +256,9 @@ PEFT_TASK_TYPES: dict[str, str | None] = {
     "fill-mask": None,
 }
 
-# Attention projections per model_type where peft's own table has no entry.
-_EXTRA_TARGET_MODULES = {
-    "lora": {"marian": ["q_proj", "v_proj"], "mbart": ["q_proj", "v_proj"], "bert-generation": ["query", "value"]},
-    "ia3": {"marian": ["k_proj", "v_proj", "fc2"], "mbart": ["k_proj", "v_proj", "fc2"]},
-}
+# What peft adapts in a model type its own tables do not list: every linear layer of the model but the
+# output layer (peft resolves the name against the model itself).
+ALL_LINEAR = "all-linear"
 
 
 def peft_task_type(pipeline_tag: str):
@@ -230,13 +278,16 @@ def _component_types(config: PretrainedConfig) -> list[str]:
     return [config.model_type]
 
 
-def default_target_modules(config: PretrainedConfig, method: str = "lora") -> list[str]:
-    """Module-name suffixes that get adapters: the attention projections of the architecture.
+def default_target_modules(config: PretrainedConfig, method: str = "lora") -> list[str] | str:
+    """Module-name suffixes that get adapters, from peft's own per-model-type table.
 
-    Suffix matching reaches every copy: for an encoder-decoder, the self-attention on both sides
-    and the decoder's cross-attention (BERT2BERT: ``query``/``value``; BART/Marian: ``q_proj``/
-    ``v_proj`` in ``self_attn`` and ``encoder_attn``; T5: ``q``/``v`` in ``SelfAttention`` and
-    ``EncDecAttention``).
+    peft lists the attention projections of the model types it knows (BERT/RoBERTa/ELECTRA/XLM-R:
+    ``query``/``value``; DeBERTa-v2: ``query_proj``/``value_proj``; T5: ``q``/``v``; BART: ``q_proj``/
+    ``v_proj``). Suffix matching reaches every copy: for an encoder-decoder, the self-attention on
+    both sides and the decoder's cross-attention. A model type peft does not list (DistilBERT,
+    ALBERT, ModernBERT, Marian, mBART, ... or a BERT2BERT half) gets ``"all-linear"``: peft's own
+    choice of the model's linear layers, every one but the output layer, so any architecture takes
+    an adapter without a hand-kept table of module names.
     """
     from peft.utils.constants import (
         TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING,
@@ -246,23 +297,22 @@ def default_target_modules(config: PretrainedConfig, method: str = "lora") -> li
     table = {"lora": TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, "ia3": TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING}[method]
     targets: list[str] = []
     for model_type in _component_types(config):
-        found = table.get(model_type) or _EXTRA_TARGET_MODULES[method].get(model_type)
+        found = table.get(model_type)
         if found is None:
-            raise ModelError(
-                f"no default peft target modules for model_type {model_type!r}; set model.peft.target_modules "
-                "to the names of its attention projections (e.g. [query, value])"
-            )
+            return ALL_LINEAR
         targets += [name for name in found if name not in targets]
     return targets
 
 
 def default_feedforward_modules(config: PretrainedConfig) -> list[str]:
-    """IA3 scales the input (not the output) of these: the feed-forward output projections."""
+    """IA3 scales the input (not the output) of these: the feed-forward output projections peft lists."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING
 
+    if default_target_modules(config, "ia3") == ALL_LINEAR:
+        return []
     found: list[str] = []
     for model_type in _component_types(config):
-        found += TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.get(model_type, ["fc2"] if model_type in ("marian", "mbart") else [])
+        found += TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.get(model_type, [])
     return list(dict.fromkeys(found))
 
 

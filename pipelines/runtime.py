@@ -153,15 +153,21 @@ def layer_classes_to_wrap(model: torch.nn.Module) -> list[str]:
     submodules, e.g. ``BertEmbeddings`` and ``BertLayer``; a peft wrapper passes it through); otherwise, as
     for bertpipe's own models, the class of the blocks in each ``nn.ModuleList`` of identical modules.
     """
-    declared = getattr(model, "_no_split_modules", None)
+    # transformers leaves _no_split_modules empty for some families (DistilBERT, ELECTRA, ALBERT,
+    # DeBERTa-v2, Marian): their blocks are the elements of a ModuleList of one class whose elements hold
+    # parameters in submodules (TransformerBlock, DebertaV2Layer, MarianEncoderLayer, ...).
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    declared = getattr(model, "_no_split_modules", None) or getattr(inner, "_no_split_modules", None)
     if declared:
         return sorted(declared)
     names: list[str] = []
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
-            kinds = {type(child).__name__ for child in module}
-            if len(kinds) == 1 and (name := kinds.pop()) not in names:
-                names.append(name)
+    for module in inner.modules():
+        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
+            continue
+        block = module[0]
+        if len({type(child) for child in module}) == 1 and any(True for _ in block.children()) \
+                and any(True for _ in block.parameters()) and type(block).__name__ not in names:
+            names.append(type(block).__name__)
     return names
 
 

@@ -10,10 +10,12 @@ Out: an ``AutoModelForTokenClassification`` whose ``id2label`` holds the dataset
      ``PER``/``ORG``/``LOC``/``MISC`` groups with character offsets), word-level predictions, and
      entity-level seqeval metrics (micro P/R/F1, per-type P/R/F1, word accuracy).
 
-Word pieces. Words are tokenised pre-split (``is_split_into_words``) and aligned through the fast
-tokenizer's ``word_ids()``: the first piece of a word carries the word's tag and the other pieces are
-ignored (-100), or with ``label_all_tokens`` every piece is labelled, continuations of a ``B-X`` word
-as ``I-X``. Predictions are read from first pieces only, so metrics count words, never pieces.
+Word pieces. Words are tokenised pre-split (``is_split_into_words``), as they are in running text
+(byte-level BPE gets its prefix space: :func:`pipelines.modeling.encode_words_as_in_running_text`),
+and aligned through the fast tokenizer's ``word_ids()``: by default (``label_all_tokens``) every piece
+is labelled, continuations of a ``B-X`` word as ``I-X``, so that ``pipeline()``'s piece-level
+"simple" aggregation finds the same entities; or only the first piece carries the word's tag and the
+others are ignored (-100). Predictions are read from first pieces only, so metrics count words, never pieces.
 
 Long sentences. A sentence whose pieces do not fit ``max_seq_length`` is cut at word boundaries into
 windows that overlap by about ``stride`` pieces; no word is dropped by truncation. A word seen in
@@ -38,7 +40,7 @@ from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, check_files_exist, finalize_splits, json_lines, naming_undecodable, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
-from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
+from pipelines.modeling import encode_words_as_in_running_text, load_model, load_tokenizer, tokenizer_source
 
 IGNORE_INDEX = -100
 CONLL_SUFFIXES = (".txt", ".conll")
@@ -55,8 +57,12 @@ _WORD = re.compile(r"\w+(?:[-'’.&/]\w+)*|[^\w\s]")
 class NerOptions(TaskOptions):
     label_names: list[str] | None = None
     """The tag set in id order; by default the ``ClassLabel`` names, else the train tags (``O`` first)."""
-    label_all_tokens: bool = False
-    """Label every word piece (continuations of ``B-X`` as ``I-X``) instead of the first piece only."""
+    label_all_tokens: bool = True
+    """Label every word piece (continuations of ``B-X`` as ``I-X``); false: the first piece only.
+    Every piece trained is what ``pipeline("token-classification", aggregation_strategy="simple")``
+    needs to group the pieces of raw text into the words ``bertpipe predict`` reports: with first
+    pieces only, a Unigram tokenizer's lone ``▁`` first piece (XLM-R, DeBERTa, ALBERT on rare words)
+    carries the word's tag and the untrained rest of the word scatters the entity."""
     stride: int = Field(default=32, ge=0)
     """Word pieces of overlap between consecutive windows of a sentence longer than ``max_seq_length``
     (capped at half a window, so that windows always advance by at least half their length)."""
@@ -161,7 +167,7 @@ class NerTask:
             tags = {tag for row in train["tags"] for tag in row}
             if any(not isinstance(tag, str) for tag in tags):
                 raise DataError("integer tags in data files need their names: set ner.label_names (in id order)")
-            return order_labels(tags)
+            return order_labels(self._with_continuations(tags))
         names = _class_label_names(train, self._tag_column(train.column_names, "the train split"))
         if names is not None:
             return names
@@ -169,7 +175,17 @@ class NerTask:
         tags = {tag for row in train[column] for tag in row}
         if any(not isinstance(tag, str) for tag in tags):
             raise DataError(f"column {column!r} holds integer tags without names: set ner.label_names (in id order)")
-        return order_labels(tags)
+        return order_labels(self._with_continuations(tags))
+
+    def _with_continuations(self, tags: set[str]) -> set[str]:
+        """With ``label_all_tokens``, ``I-X`` for every ``B-X``: the tag of a ``B-X`` word's later pieces.
+
+        A type whose entities are all one word long has no ``I-X`` in the data; its later pieces
+        would then be labelled ``B-X`` each, and ``pipeline()`` would read every piece as a new entity.
+        """
+        if not self.options.label_all_tokens:
+            return tags
+        return tags | {"I-" + tag[2:] for tag in tags if tag.startswith("B-")}
 
     def _normalise(self, split: Dataset, split_name: str, dataset_path: str | None) -> Dataset:
         """Any source -> ``tokens``/``tags``/``location`` with tag names, checking every sentence."""
@@ -230,7 +246,10 @@ class NerTask:
 
     # ----- model --------------------------------------------------------------------------
     def build_tokenizer(self, raw, model_path: str | None = None):
-        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
+        tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
+        # Words arrive pre-split; byte-level BPE must still see them as running text does (and the run
+        # directory saves the tokenizer in this form, so pipeline() on raw text gets the same pieces).
+        self.tokenizer = encode_words_as_in_running_text(tokenizer)
         return self.tokenizer
 
     def build_model(self, raw, model_path: str | None = None):

@@ -309,6 +309,20 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
+def trim_span(context: str, start: int, end: int) -> tuple[int, int] | None:
+    """``[start, end)`` without the whitespace at either end; None when nothing else is left.
+
+    Some tokenizers give a word-initial piece offsets that include the space before it (DeBERTa-v2/v3's
+    Metaspace without a whitespace split, ModernBERT's byte-level BPE without offset trimming), and a
+    piece of its own for a lone space marker; the answer is the text, not the space.
+    """
+    while start < end and context[start].isspace():
+        start += 1
+    while end > start and context[end - 1].isspace():
+        end -= 1
+    return (start, end) if start < end else None
+
+
 def postprocess_qa_predictions(
     contexts: Sequence[str],
     feature_example_index: Sequence[int],
@@ -327,7 +341,8 @@ def postprocess_qa_predictions(
     For each example, every window ``f`` with ``feature_example_index[f] == example`` proposes the
     pairs of its ``n_best_size`` best start and end tokens that are both context tokens
     (``offsets[f][i]`` not ``None``), in order, and at most ``max_answer_length`` tokens long; a
-    span's score is ``start_logit + end_logit``. The same character span proposed by two
+    span's score is ``start_logit + end_logit``. A span is its characters without surrounding
+    whitespace (:func:`trim_span`), so ``context[start:end] == text`` holds for every tokenizer. The same character span proposed by two
     overlapping windows counts once, with its best score. Logit arrays may be longer than the
     window (padding); positions past ``len(offsets[f])`` are ignored.
 
@@ -367,7 +382,9 @@ def postprocess_qa_predictions(
                 for e in best_ends:
                     if window_offsets[e] is None or e < s or e - s + 1 > max_answer_length:
                         continue
-                    char_span = (int(window_offsets[s][0]), int(window_offsets[e][1]))
+                    char_span = trim_span(context, int(window_offsets[s][0]), int(window_offsets[e][1]))
+                    if char_span is None:
+                        continue
                     score = float(starts[s] + ends[e])
                     if char_span not in spans or score > spans[char_span]["score"]:
                         spans[char_span] = {

@@ -115,7 +115,7 @@ def test_cli_ner_train_writes_metrics_per_entity_type_over_every_word(ner_setup)
     assert metrics["eval_words"] == sum(len(words) for words, _ in ner_setup["validation"])
     assert metrics["eval_f1"] >= 0.9, metrics
     config = json.loads((run / "config.json").read_text())
-    assert set(config["id2label"].values()) == {"O", "B-PER", "I-PER", "B-LOC"}
+    assert set(config["id2label"].values()) == {"O", "B-PER", "I-PER", "B-LOC", "I-LOC"}  # I-LOC: later pieces of a city
     written = (run / "eval_predictions.conll").read_text().split("\n\n")
     assert len([block for block in written if block.strip()]) == 41
 

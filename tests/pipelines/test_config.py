@@ -66,6 +66,15 @@ def test_config_bad_choice_is_an_error(tmp_path):
         load_config(write(tmp_path, BASE), ["train.mixed_precision=fp8"], options_for)
 
 
+def test_config_mixed_precision_no_is_accepted_bare_from_yaml_and_the_command_line(tmp_path):
+    # YAML reads a bare ``no`` as false; ``train.mixed_precision=no`` is what users type.
+    assert load_config(write(tmp_path, BASE), ["train.mixed_precision=no"], options_for).train.mixed_precision == "no"
+    in_file = write(tmp_path, BASE.replace("train:\n", "train:\n  mixed_precision: no\n", 1))
+    assert load_config(in_file, [], options_for).train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match=r"train\.mixed_precision"):
+        load_config(write(tmp_path, BASE), ["train.mixed_precision=yes"], options_for)
+
+
 def test_config_unknown_task_lists_registered(tmp_path):
     with pytest.raises(ConfigError, match="registered tasks: demo"):
         load_config(write(tmp_path, BASE.replace("task: demo", "task: dmeo")), [], options_for)

@@ -30,6 +30,7 @@ from pipelines.modeling import (
     base_model_id,
     count_parameters,
     default_modules_to_save,
+    default_feedforward_modules,
     default_target_modules,
     is_adapter_dir,
     is_peft_model,
@@ -127,12 +128,15 @@ def test_modeling_default_target_modules_per_architecture():
     assert default_target_modules(bert_config()) == ["query", "value"]
     assert default_target_modules(AutoConfig.for_model("t5")) == ["q", "v"]
     assert default_target_modules(AutoConfig.for_model("bart")) == ["q_proj", "v_proj"]
-    assert default_target_modules(AutoConfig.for_model("marian")) == ["q_proj", "v_proj"]
+    assert default_target_modules(AutoConfig.for_model("deberta-v2")) == ["query_proj", "value_proj"]
     bert2bert = EncoderDecoderConfig.from_encoder_decoder_configs(bert_config(), bert_config(is_decoder=True, add_cross_attention=True))
     assert default_target_modules(bert2bert) == ["query", "value"]
     assert default_target_modules(bert_config(), "ia3") == ["key", "value", "output.dense"]
-    with pytest.raises(ModelError, match="model.peft.target_modules"):
-        default_target_modules(AutoConfig.for_model("bit"))
+    # Types peft's table lacks get peft's own "all-linear" (the model's linear layers), never an error.
+    for model_type in ("marian", "mbart", "distilbert", "albert", "modernbert"):
+        assert default_target_modules(AutoConfig.for_model(model_type)) == "all-linear"
+    assert default_target_modules(AutoConfig.for_model("xlm-roberta"), "ia3") == "all-linear"
+    assert default_feedforward_modules(AutoConfig.for_model("xlm-roberta")) == []
 
 
 @pytest.mark.parametrize("kind", sorted(HEADS))

@@ -220,7 +220,11 @@ def test_ner_load_reads_conll_and_jsonl_and_infers_the_label_set(tmp_path):
     validation = _write(tmp_path / "validation.jsonl", json.dumps({"tokens": ["Peter", "left"], "ner_tags": ["B-PER", "O"]}) + "\n")
     task = _task(tmp_path, {"train": train, "validation": validation})
     raw = task.load()
-    assert task.label_names == ["O", "B-MISC", "B-ORG", "B-PER", "I-PER"]
+    # label_all_tokens (the default) adds I-X for B-X: the tag of a one-word entity's later pieces.
+    assert task.label_names == ["O", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    first_pieces_only = _task(tmp_path, {"train": train, "validation": validation}, label_all_tokens=False)
+    first_pieces_only.load()
+    assert first_pieces_only.label_names == ["O", "B-MISC", "B-ORG", "B-PER", "I-PER"]
     assert raw["validation"][0] == {"tokens": ["Peter", "left"], "tags": ["B-PER", "O"], "location": f"{validation}:1"}
     assert raw["train"]["location"] == [f"{train}:3", f"{train}:8"]
 
@@ -245,7 +249,7 @@ def test_ner_conll2003_config_loads_with_ner_options():
     config = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [], lambda name: get_task(name).Options)
     assert config.task == "ner" and config.data.path == "eriktks/conll2003"
     assert config.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2"
-    assert config.task_options.label_all_tokens is False and config.task_options.stride == 32
+    assert config.task_options.label_all_tokens is True and config.task_options.stride == 32
     assert config.train.learning_rate > 5e-5 and config.train.warmup_fraction > 0
 
 

@@ -207,6 +207,19 @@ def test_qa_postprocess_nbest_order_and_probabilities():
     assert result["score"] == pytest.approx(probabilities[0]) and result["no_answer_probability"] == 0.0
 
 
+def test_qa_postprocess_spans_exclude_the_space_a_piece_offset_includes():
+    # DeBERTa-v2/ModernBERT offsets: "▁bb" covers " bb", a lone "▁" piece covers the space before "cc".
+    context = "aa bb cc"
+    offsets = [None, [0, 2], [2, 5], [5, 6], [6, 8], None]
+    starts, ends = logits(6, p2=5.0, p3=4.0, p1=1.0), logits(6, p2=5.0, p3=4.5, p4=1.0)
+    (result,) = postprocess_qa_predictions([context], [0], [offsets], [starts], [ends], [0], n_best_size=6)
+    assert (result["prediction_text"], result["start"], result["end"]) == ("bb", 3, 5)
+    assert result["nbest"] and "" not in [c["text"] for c in result["nbest"]]  # the lone space is no answer
+    for candidate in result["nbest"]:
+        assert context[candidate["start"] : candidate["end"]] == candidate["text"] == candidate["text"].strip()
+    assert len({(c["start"], c["end"]) for c in result["nbest"]}) == len(result["nbest"])
+
+
 def test_qa_postprocess_respects_max_answer_length_and_order():
     (result,) = postprocess_qa_predictions(
         [CONTEXT], [0], [WINDOW_1], [logits(7, p3=5.0, p5=1.0)], [logits(7, p3=-1.0, p5=5.0)], [0],

@@ -1,0 +1,256 @@
+"""Tiny random checkpoints of every model family a user brings, each with the tokenizer kind it really uses.
+
+In:  a family name (``FAMILIES``) and an empty folder.
+Out: the folder holding a 2-layer (hidden 32) random model of that family and its tokenizer, both saved
+     with ``save_pretrained`` so that ``AutoTokenizer``/``AutoModel*``/``pipeline()`` load them exactly as
+     they would load the real checkpoint. Nothing touches the network.
+
+Tokenizers are trained with the ``tokenizers`` library on :func:`family_corpus` (a vocabulary small enough
+that names and long words split into several pieces, which is where the defects live) and wrapped in the
+family's own transformers 5 class, built the way ``from_pretrained`` builds it from a converted checkpoint:
+  * WordPiece (BERT, DistilBERT, ELECTRA): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend;
+  * byte-level BPE (RoBERTa, BART): ``RobertaTokenizer(vocab=..., merges=...)``;
+  * byte-level BPE behind the generic ``PreTrainedTokenizerFast`` (ModernBERT's tokenizer.json: BERT-style
+    special tokens, a template post-processor that does not trim offsets);
+  * Unigram (ALBERT, DeBERTa-v2/v3, XLM-R, T5, mBART): the class from ``vocab=[(piece, score), ...]``,
+    which sets the family's own normalizer, Metaspace pre-tokenizer and special-token template (mBART adds
+    its language codes);
+  * Marian: ``MarianTokenizer`` exists only as a slow sentencepiece tokenizer (``source.spm``/``target.spm``
+    + ``vocab.json``), so it is trained with the ``sentencepiece`` library; without that package the Marian
+    family is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert"]
+SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "bert2bert"]
+FAMILIES = ENCODER_FAMILIES + SEQ2SEQ_FAMILIES
+TOKENIZER_KIND = {
+    "bert": "WordPiece", "distilbert": "WordPiece", "electra": "WordPiece", "bert2bert": "WordPiece",
+    "roberta": "byte-level BPE", "bart": "byte-level BPE", "modernbert": "byte-level BPE (generic class)",
+    "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram",
+    "marian": "sentencepiece (slow)",
+}
+
+# Words of the toy tasks. Names and places are long and rare enough in the corpus to be cut into pieces.
+PERSONS = ["Alice", "Roberto", "Marguerite", "Bob", "Anastasia", "Kowalski"]
+PLACES = ["Paris", "Berlin", "Copenhagen", "Rome", "Valparaiso", "Montevideo"]
+WORDPIECE_VOCAB = 140  # every common word whole, every name in pieces
+FILLER = ["the", "man", "visited", "met", "saw", "in", "with", "and", "today", "yesterday", "was", "a", "film",
+          "very", "good", "bad", "story", "lives", "works", "where", "does", "who", "is", "of", "."]
+GERMAN = {"the": "der", "man": "mann", "film": "film", "was": "war", "good": "gut", "bad": "schlecht", "a": "ein",
+          "story": "geschichte", "very": "sehr", "today": "heute"}
+
+
+def family_corpus(count: int = 600, seed: int = 0) -> list[str]:
+    """Running text over every word the toy tasks use (English, German and the names), names kept rare."""
+    rng = random.Random(seed)
+    common = FILLER + list(GERMAN.values())
+    lines = []
+    for index in range(count):
+        words = [rng.choice(common) for _ in range(rng.randint(4, 12))]
+        if index % 40 == 0:  # every name appears, but too rarely to become a single piece
+            words.insert(rng.randint(0, len(words)), (PERSONS + PLACES)[index // 40 % 12])
+        lines.append(" ".join(words))
+    return lines
+
+
+# ----- tokenizer backends -------------------------------------------------------------------------
+def _wordpiece_backend(special: list[str]):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator(family_corpus(), trainers.WordPieceTrainer(vocab_size=WORDPIECE_VOCAB, special_tokens=special))
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    from tokenizers import decoders
+
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def _byte_level_bpe(special: list[str]):
+    """A byte-level BPE trained like RoBERTa's/GPT-2's (no prefix space: words after a space carry ``Ġ``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(family_corpus(), trainer)
+    return tokenizer
+
+
+def _bpe_vocab_merges(tokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
+def _unigram_vocab(special: list[str], *, lowercase: bool = False) -> list[tuple[str, float]]:
+    """(piece, log-probability) pairs, the special tokens first in the order the family's class expects.
+
+    The pieces are estimated from the corpus counts, as a sentencepiece Unigram model is: every frequent
+    word as one ``▁word`` piece, frequent 2-3 character substrings, and every character. (``tokenizers``'
+    UnigramTrainer prunes this small corpus down to ~75 mostly single-character pieces, which would make
+    every word a multi-piece word and hide the first-piece/whole-word distinction the tests need.)
+    """
+    import math
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    for line in family_corpus():
+        for word in (line.lower() if lowercase else line).split():
+            counts["▁" + word] += 1
+            marked = "▁" + word
+            for size in (1, 2, 3):
+                counts.update(marked[i : i + size] for i in range(len(marked) - size + 1) if i > 0 or size > 1)
+    pieces = {piece: count for piece, count in counts.items() if len(piece) == 1 or count >= 20 or (len(piece) == 2 and piece[0] == "▁")}
+    pieces.setdefault("▁", 1)
+    total = sum(pieces.values())
+    scored = sorted(((piece, math.log(count / total)) for piece, count in pieces.items()), key=lambda item: -item[1])
+    return [(token, 0.0) for token in special] + scored
+
+
+def _unk_index(special: list[str]) -> int:
+    return next(i for i, token in enumerate(special) if "unk" in token.lower())
+
+
+def build_tokenizer(family: str):
+    """The family's tokenizer (a transformers tokenizer object, not yet saved)."""
+    from transformers import AlbertTokenizer, BertTokenizer, DebertaV2Tokenizer, DistilBertTokenizer, MBartTokenizer
+    from transformers import PreTrainedTokenizerFast, RobertaTokenizer, T5Tokenizer, XLMRobertaTokenizer
+
+    bert_special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    if family in ("bert", "electra", "bert2bert"):
+        return BertTokenizer(tokenizer_object=_wordpiece_backend(bert_special), model_max_length=128)
+    if family == "distilbert":
+        return DistilBertTokenizer(tokenizer_object=_wordpiece_backend(bert_special), model_max_length=128)
+    if family in ("roberta", "bart"):
+        vocab, merges = _bpe_vocab_merges(_byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
+        return RobertaTokenizer(vocab=vocab, merges=merges, model_max_length=128)
+    if family == "modernbert":
+        from tokenizers import processors
+
+        backend = _byte_level_bpe(["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
+        cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:0 [SEP]:0",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+            mask_token="[MASK]", model_max_length=128, model_input_names=["input_ids", "attention_mask"],
+        )
+    if family == "albert":
+        return AlbertTokenizer(vocab=_unigram_vocab(["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"], lowercase=True), model_max_length=128)
+    if family == "deberta-v2":
+        special = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]  # DeBERTa-v3's spm order
+        return DebertaV2Tokenizer(vocab=_unigram_vocab(special), unk_id=3, model_max_length=128)
+    if family == "xlm-roberta":
+        return XLMRobertaTokenizer(vocab=_unigram_vocab(["<s>", "<pad>", "</s>", "<unk>", "<mask>"]), model_max_length=128)
+    if family == "t5":
+        return T5Tokenizer(vocab=_unigram_vocab(["<pad>", "</s>", "<unk>"]), extra_ids=0, model_max_length=128)
+    if family == "mbart":
+        from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
+
+        vocab = _unigram_vocab(["<s>", "<pad>", "</s>", "<unk>"])
+        vocab += [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)]
+        return MBartTokenizer(vocab=vocab, src_lang="de_DE", tgt_lang="en_XX", model_max_length=128)
+    if family == "marian":
+        return _marian_tokenizer()
+    raise KeyError(family)
+
+
+def _marian_tokenizer():
+    import tempfile
+
+    import sentencepiece as spm
+    from transformers import MarianTokenizer
+
+    folder = Path(tempfile.mkdtemp(prefix="tiny-marian-spm-"))
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(family_corpus()), model_prefix=str(folder / "spm"), vocab_size=160, model_type="unigram",
+        pad_id=-1, unk_id=1, bos_id=-1, eos_id=0, eos_piece="</s>", hard_vocab_limit=False, character_coverage=1.0, minloglevel=2,
+    )
+    vocab = {"</s>": 0, "<unk>": 1}
+    for line in (folder / "spm.vocab").read_text().splitlines():
+        vocab.setdefault(line.split("\t")[0], len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    model_file = str(folder / "spm.model")
+    return MarianTokenizer(model_file, model_file, str(folder / "vocab.json"), source_lang="de", target_lang="en")
+
+
+# ----- models -------------------------------------------------------------------------------------
+def _model_config(family: str, tokenizer):
+    import transformers as tf
+
+    size = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    vocab = len(tokenizer)
+    ids = dict(pad_token_id=tokenizer.pad_token_id)
+    if family in ("bert", "bert2bert"):
+        return tf.BertConfig(vocab_size=vocab, max_position_embeddings=128, **size, **ids)
+    if family == "distilbert":
+        return tf.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=128, **ids)
+    if family == "electra":
+        return tf.ElectraConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=128, **size, **ids)
+    if family == "roberta":
+        return tf.RobertaConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
+    if family == "xlm-roberta":
+        return tf.XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
+    if family == "albert":
+        return tf.AlbertConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=128, **size, **ids)
+    if family == "deberta-v2":  # v3 layout: relative positions, no absolute position embedding
+        return tf.DebertaV2Config(
+            vocab_size=vocab, max_position_embeddings=128, relative_attention=True, position_buckets=32,
+            pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True, **size, **ids,
+        )
+    if family == "modernbert":
+        return tf.ModernBertConfig(
+            vocab_size=vocab, max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=16,
+            cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id, bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id, **size, **ids,
+        )
+    seq2seq = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128)
+    if family == "t5":
+        return tf.T5Config(vocab_size=vocab, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_heads=2, decoder_start_token_id=0,
+                           eos_token_id=tokenizer.eos_token_id, **ids)
+    if family == "bart":
+        return tf.BartConfig(vocab_size=vocab, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2,
+                             **seq2seq, **ids)
+    if family == "mbart":
+        return tf.MBartConfig(vocab_size=vocab, bos_token_id=0, eos_token_id=2, forced_eos_token_id=2, **seq2seq, **ids)
+    if family == "marian":
+        return tf.MarianConfig(vocab_size=vocab, decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                               forced_eos_token_id=tokenizer.eos_token_id, **seq2seq, **ids)
+    raise KeyError(family)
+
+
+def build_family(family: str, directory: Path) -> Path:
+    """Save ``family``'s tiny random checkpoint (base model or seq2seq LM) and tokenizer into ``directory``."""
+    import torch
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    tokenizer = build_tokenizer(family)
+    config = _model_config(family, tokenizer)
+    torch.manual_seed(0)
+    if family in SEQ2SEQ_FAMILIES and family != "bert2bert":
+        model = AutoModelForSeq2SeqLM.from_config(config)
+    elif family in ENCODER_FAMILIES:
+        model = AutoModelForMaskedLM.from_config(config)  # released encoders carry their MLM head
+    else:
+        model = AutoModel.from_config(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

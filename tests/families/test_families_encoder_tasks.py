@@ -1,0 +1,138 @@
+"""Classification, QA and MLM on every encoder family: a few training steps each, then the checks that
+can go wrong per family (exact QA spans, predict == pipeline(), whole-word masks), LoRA and FSDP.
+
+QA: DeBERTa-v2's and ModernBERT's offsets include the space before a word; every answer in predict,
+``predictions.json``, ``nbest_predictions.json`` and ``pipeline("question-answering")`` must still be
+exactly ``context[start:end]``, without surrounding whitespace.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, AutoModelForTokenClassification
+from transformers import AutoTokenizer, pipeline
+
+from pipelines.config import ModelConfig, PeftConfig
+from pipelines.modeling import apply_peft, count_parameters, load_model
+from pipelines.runtime import layer_classes_to_wrap
+from tests.conftest import write_jsonl
+from tests.families.builders import ENCODER_FAMILIES
+from tests.families.matrix import mlm_lines, piece_word, predict, qa_rows, sentiment_rows, train, word_spans
+
+LABELS = {"num_labels": 3, "id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
+HEADS = {
+    "text-classification": AutoModelForSequenceClassification, "token-classification": AutoModelForTokenClassification,
+    "question-answering": AutoModelForQuestionAnswering, "fill-mask": AutoModelForMaskedLM,
+}
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_families_classification_predict_and_pipeline_agree(family, family_checkpoint, tmp_path):
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", sentiment_rows(48, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", sentiment_rows(16, 2))}
+    run = train(tmp_path, "classification", family_checkpoint(family), files, train="  max_steps: 4")
+    texts = [row["text"] for row in sentiment_rows(6, 3)]
+    predicted = predict(run, [{"text": text} for text in texts], tmp_path)
+    served = pipeline("text-classification", model=str(run))(texts)
+    assert [row["label"] for row in predicted] == [row["label"] for row in served]
+    assert [row["score"] for row in predicted] == pytest.approx([row["score"] for row in served], abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_families_qa_spans_are_exact_everywhere(family, family_checkpoint, tmp_path):
+    import tasks  # noqa: F401  (registers pipeline("question-answering"))
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", qa_rows(32, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", qa_rows(12, 2))}
+    run = train(tmp_path, "qa", family_checkpoint(family), files, train="  max_steps: 4", section="qa: {doc_stride: 16}")
+    contexts = {row["id"]: row["context"] for row in qa_rows(12, 2)}
+
+    def exact(context: str, text: str, start: int, end: int) -> None:
+        assert text and context[start:end] == text == text.strip(), (family, text, start, end)
+
+    best = json.loads((run / "predictions.json").read_text())
+    nbest = json.loads((run / "nbest_predictions.json").read_text())
+    for qid, candidates in nbest.items():
+        assert best[qid] == candidates[0]["text"]
+        for candidate in candidates:
+            exact(contexts[qid], candidate["text"], candidate["start"], candidate["end"])
+    questions = qa_rows(6, 3)
+    predicted = predict(run, [{"id": q["id"], "question": q["question"], "context": q["context"]} for q in questions], tmp_path)
+    answerer = pipeline("question-answering", model=str(run))
+    for question, row in zip(questions, predicted):
+        exact(question["context"], row["answer"], row["start"], row["end"])
+        served = answerer(question=question["question"], context=question["context"])
+        assert (served["answer"], served["start"], served["end"]) == (row["answer"], row["start"], row["end"])
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_families_mlm_whole_word_masks_and_fill_mask_agree(family, family_checkpoint, tmp_path):
+    from pipelines.config import load_config
+    from tasks import get_task
+
+    files = {"train": (tmp_path / "train.txt"), "validation": (tmp_path / "validation.txt")}
+    files["train"].write_text("\n".join(mlm_lines(60, 1)) + "\n")
+    files["validation"].write_text("\n".join(mlm_lines(12, 2)) + "\n")
+    run = train(tmp_path, "mlm", family_checkpoint(family), files, train="  max_steps: 3",
+                section="mlm: {whole_word_mask: true, packing: false, mlm_probability: 0.4}")
+
+    # Whole words by character offsets, not by the word_ids() the collator itself uses.
+    task = get_task("mlm")(load_config(tmp_path / "mlm.yaml", [], lambda name: get_task(name).Options))
+    examples = task.load()["train"].select(range(40))
+    tokenizer = task.build_tokenizer(None)
+    features = task.preprocess(examples, train=True)
+    batch = task.collator(train=True)([features[i] for i in range(len(features))])
+    masked_words = partly = 0
+    for row, text in enumerate(examples["text"]):
+        encoded = tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        assert batch["input_ids"].shape[1] >= len(encoded["input_ids"])
+        spans, chosen = word_spans(text), {}
+        for position, ((start, end), special) in enumerate(zip(encoded["offset_mapping"], encoded["special_tokens_mask"])):
+            if not special:
+                chosen.setdefault(piece_word(text, start, end, spans), []).append(int(batch["labels"][row, position]) != -100)
+        for flags in chosen.values():
+            masked_words += all(flags)
+            partly += any(flags) and not all(flags)
+    assert masked_words > 0 and partly == 0, (family, masked_words, partly)
+
+    mask = AutoTokenizer.from_pretrained(run).mask_token
+    texts = [f"the man {mask} in Berlin", f"Alice visited {mask} today"]
+    predicted = predict(run, [{"text": text} for text in texts], tmp_path)
+    filler = pipeline("fill-mask", model=str(run), top_k=5)
+    for text, row in zip(texts, predicted):
+        served = filler(text)
+        assert [c["token_id"] for c in row["masks"][0]["predictions"]] == [c["token"] for c in served], family
+        assert [c["score"] for c in row["masks"][0]["predictions"]] == pytest.approx([c["score"] for c in served], abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+@pytest.mark.parametrize("tag", sorted(HEADS))
+def test_families_lora_attaches_without_naming_target_modules(family, tag, family_checkpoint):
+    checkpoint = family_checkpoint(family)
+    labels = LABELS if tag in ("text-classification", "token-classification") else None
+    model = load_model(HEADS[tag], ModelConfig(name_or_path=str(checkpoint)), label_maps=labels)
+    wrapped = apply_peft(model, PeftConfig(method="lora", r=4), tag, base_model_name_or_path=str(checkpoint))
+    adapted = [name for name, _ in wrapped.named_modules() if name.endswith("lora_A")]
+    assert adapted, family
+    trainable, total = count_parameters(wrapped)
+    assert 0 < trainable < total / 2
+    ids = torch.tensor([[2, 10, 11, 12, 3]])
+    out = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids))
+    (out.start_logits if tag == "question-answering" else out.logits).float().sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in wrapped.named_parameters() if "lora_B" in n)
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_families_fsdp_wraps_the_models_own_layers(family, family_checkpoint):
+    from accelerate.utils.dataclasses import get_module_class_from_name
+
+    model = load_model(AutoModelForTokenClassification, ModelConfig(name_or_path=str(family_checkpoint(family))), label_maps=LABELS)
+    names = layer_classes_to_wrap(model)
+    assert names and all(get_module_class_from_name(model, name) is not None for name in names), (family, names)
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    assert len(layers) >= 2 and not any(isinstance(layer, (torch.nn.Linear, torch.nn.Embedding)) for layer in layers)
+    assert np.sum([p.numel() for layer in layers for p in layer.parameters()]) > 0
