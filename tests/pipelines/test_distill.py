@@ -171,4 +171,8 @@ def test_distill_ner_from_teacher_layers_stays_closer_to_the_teacher_than_fine_t
     kl = {name: mean_teacher_kl(student, teacher, batches, teacher.config) for name, student in students.items()}
     start = mean_teacher_kl(shrink_to_layers(teacher, [1]), teacher, batches, teacher.config)
     assert students["distilled"].config.num_hidden_layers == 1
-    assert kl["distilled"] < start and kl["distilled"] < 0.5 * kl["fine_tuned"], (start, kl)
+    # Taken from the teacher's own layer, the student starts within ~1e-3 of it (with every word piece
+    # labelled, the top layer adds little); 30 updates then move it a little either way, so "below the
+    # start" is not the claim. The claim: distillation keeps it an order of magnitude closer to the
+    # teacher than training the same start on the labels alone.
+    assert kl["distilled"] < 0.1 * kl["fine_tuned"] and kl["distilled"] < 0.05, (start, kl)
