@@ -26,7 +26,7 @@ from pathlib import Path
 # (phase, substrings of a frame "function (file:line)"); earlier phases win.
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     # bertpipe benchmark's own work in its parent process (matmul peak probe, filling the datasets cache)
-    ("harness", ("measure_matmul_peak (", "_prepare (pipelines/benchmark.py")),
+    ("harness", ("measure_matmul_peak (", "_prepare (pipelines/benchmark/runner.py")),
     ("eval", ("pipelines/evaluation.py", "evaluation_loop (", "prediction_step (", "predict (transformers/trainer.py",
               "predict (trainer.py")),
     ("optimizer", ("torch/optim/", "clip_grad_norm", "zero_grad (", "lr_scheduler.py")),

@@ -1,4 +1,4 @@
-"""Units of pipelines/benchmark.py: the job the Trainer reference is given, counting, the table."""
+"""Units of pipelines/benchmark/: the job the Trainer reference is given, counting, the table."""
 
 from __future__ import annotations
 

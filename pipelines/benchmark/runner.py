@@ -1,0 +1,156 @@
+"""The runner: every setting and seed, each in a fresh spawned process, then the table written to disk.
+
+In:  a ``RunConfig``, the task registry lookup, the number of seeds, the settings, an output folder and
+     optionally the metric to compare.
+Out: ``benchmark.md`` and ``benchmark.json`` in the output folder, and the table, summary and per-run
+     records returned. ``run_one`` is the child process's entry point (spawn pickles it by this module's name).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from pipelines.benchmark.job import (
+    SETTINGS,
+    BenchmarkError,
+    TaskLookup,
+    benchmark_config_tree,
+    run_config,
+    setting_precision,
+    setting_sampler,
+)
+from pipelines.benchmark.measure import measure_matmul_peak, non_embedding_parameters, peak_rss_mb
+from pipelines.benchmark.report import RESULTS_JSON, RESULTS_MARKDOWN, format_table, summarize
+from pipelines.benchmark.trainer import _run_trainer
+from pipelines.config import RunConfig
+from pipelines.runtime import native_bf16
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    setting: str
+    seed: int
+    tree: dict[str, Any]
+    output_dir: str
+
+
+
+def _run_bertpipe(config: RunConfig, task) -> dict[str, Any]:
+    from pipelines.train import train
+
+    summary = train(config, task)
+    return {
+        "train_samples": summary["train_samples"],
+        "train_tokens": summary["train_tokens"],
+        "train_runtime": summary["train_runtime"],
+        "metrics": {key.removeprefix("eval_"): value for key, value in summary.items() if key.startswith("eval_")},
+    }
+
+
+
+def run_one(spec: RunSpec, get_task: TaskLookup) -> dict[str, Any]:
+    """One setting and seed, start to finish (data, model, train, evaluate, save): a child process."""
+    started = time.perf_counter()
+    config = run_config(spec.tree, get_task, seed=spec.seed, output_dir=spec.output_dir)
+    task = get_task(config.task)(config)
+    if spec.setting == "bertpipe":
+        record = _run_bertpipe(config, task)
+    else:
+        record = _run_trainer(config, task, spec.setting)
+    return {
+        "setting": spec.setting,
+        "seed": spec.seed,
+        "precision": setting_precision(config, spec.setting),
+        "sampler": setting_sampler(config, spec.setting),
+        "wall_time": time.perf_counter() - started,
+        "peak_rss_mb": peak_rss_mb(),
+        **record,
+    }
+
+
+def run_in_child(spec: RunSpec, get_task: TaskLookup) -> dict[str, Any]:
+    # spawn, not fork: a fresh interpreter, so peak RSS and warm state belong to this run alone.
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run_one, spec, get_task).result()
+
+
+# ----- the command ----------------------------------------------------------------------------
+def parse_settings(text: str) -> list[str]:
+    settings = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in settings if name not in SETTINGS]
+    if unknown or not settings:
+        raise BenchmarkError(f"unknown setting(s) {unknown or [text]}; choose from {', '.join(SETTINGS)}")
+    return list(dict.fromkeys(settings))
+
+
+def default_metric(config: RunConfig, metric_names: Sequence[str]) -> str:
+    """``train.metric_for_best_model`` when set, else the first metric the task reports
+    (accuracy for single-label classification)."""
+    if config.train.metric_for_best_model:
+        return config.train.metric_for_best_model.removeprefix("eval_")
+    return metric_names[0]
+
+
+def _prepare(config: RunConfig, get_task: TaskLookup) -> dict[str, Any]:
+    """Fill the datasets cache (tokenised features) and count what the FLOP estimate needs."""
+    task = get_task(config.task)(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    train_features = task.preprocess(raw[config.data.train_split], train=True)
+    task.preprocess(raw[config.data.eval_split], train=False)
+    model = task.build_model(raw)
+    return {
+        "train_examples": len(raw[config.data.train_split]),
+        "eval_examples": len(raw[config.data.eval_split]),
+        "train_features": len(train_features),
+        "non_embedding_params": non_embedding_parameters(model),
+    }
+
+
+def run_benchmark(
+    config: RunConfig,
+    get_task: TaskLookup,
+    *,
+    config_label: str,
+    seeds: int = 3,
+    settings: Sequence[str] = SETTINGS,
+    output_dir: str | None = None,
+    metric: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run every setting for ``seeds`` seeds, one run at a time; write and return the results."""
+    if seeds < 1:
+        raise BenchmarkError("--seeds must be at least 1")
+    out = Path(output_dir or f"{config.output_dir}-benchmark")
+    out.mkdir(parents=True, exist_ok=True)
+    load_at_start = os.getloadavg()
+    tree = benchmark_config_tree(config)
+    facts = _prepare(config, get_task)
+    log("measuring the matmul peak")
+    peak = measure_matmul_peak()
+    seed_values = [config.seed + index for index in range(seeds)]
+    runs = []
+    for index, seed in enumerate(seed_values):
+        rotation = index % len(settings)
+        for setting in [*settings[rotation:], *settings[:rotation]]:
+            log(f"run {len(runs) + 1}/{seeds * len(settings)}: {setting}, seed {seed}")
+            spec = RunSpec(setting=setting, seed=seed, tree=tree, output_dir=str(out / "runs" / f"{setting}-seed{seed}"))
+            runs.append(run_in_child(spec, get_task))
+    metric = metric or default_metric(config, list(runs[0]["metrics"]))
+    summary = summarize(runs, metric=metric, non_embedding_params=facts["non_embedding_params"], peak=peak)
+    header = {
+        "config": config_label, "seeds": seeds, "seed_values": seed_values, **facts,
+        "peak": {"fp32": peak.fp32, "bf16": peak.bf16}, "native_bf16": native_bf16(),
+        "load_average": {"start": load_at_start, "end": os.getloadavg()},
+    }
+    table = format_table(summary, header)
+    (out / RESULTS_MARKDOWN).write_text(table)
+    (out / RESULTS_JSON).write_text(json.dumps({**header, **summary, "runs": runs}, indent=2) + "\n")
+    return {"table": table, "summary": summary, "runs": runs, "output_dir": str(out)}

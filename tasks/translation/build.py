@@ -1,0 +1,191 @@
+"""Which model a translation run trains, and building it: a seq2seq checkpoint or a BERT2BERT warm start.
+
+In:  the run config (``model.*`` and ``translation.*``) on a task object, and for a finished run its directory.
+Out: the decision (once, before tokenising) whether the run warm-starts an ``EncoderDecoderModel``, the source
+     prefix (T5's when unset), the tokenizer (mBART language codes set), and the model with decoder start /
+     pad / end tokens and the beam-search settings on its config and ``generation_config``.
+
+``TranslationModelBuilding`` is a mixin of :class:`tasks.translation.task.TranslationTask`: it reads and sets
+the attributes that class's ``__init__`` creates (``config``, ``options``, ``tokenizer``, ``model``,
+``warm_start``, ``checkpoint_decoder_start``, ``source_prefix``, ``lowercase``, ``output_pad_values``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel, PreTrainedModel
+
+from pipelines.config import ConfigError
+from pipelines.hub import resolve_model
+from pipelines.modeling import load_model, ModelError
+from tasks.translation.generation import tokenizer_lowercases
+from tasks.translation.model import (
+    _apply_dropout,
+    check_decoder_config,
+    drop_encoder_pooler,
+    is_seq2seq_config,
+    t5_prefix,
+    tie_encoder_decoder_weights,
+)
+from tasks.translation.options import GENERATED_KEY
+
+# EncoderDecoderModel warns on every loss computation about checkpoints trained before transformers 4.12;
+# bertpipe always lets the model compute the loss, so the warning says nothing about this run.
+warnings.filterwarnings("ignore", message="Version v4.12.0 introduces a better way", category=FutureWarning)
+
+
+class TranslationModelBuilding:
+    """The model-building half of ``TranslationTask`` (``_plan``, ``build_tokenizer``, ``build_model``)."""
+
+    # ----- which model: a seq2seq checkpoint or BERT2BERT ---------------------------------
+    def _sources(self) -> tuple[str, str]:
+        """(encoder, decoder) checkpoints for a warm start."""
+        encoder = self.options.encoder_name_or_path or self.config.model.name_or_path
+        if encoder is None:
+            raise ConfigError("translation needs a checkpoint: set model.name_or_path or translation.encoder_name_or_path")
+        return encoder, self.options.decoder_name_or_path or encoder
+
+    def _plan(self, model_path: str | None) -> None:
+        """Decide (once, before tokenising) whether this run warm-starts an EncoderDecoderModel."""
+        if self.warm_start is not None:
+            return
+        if model_path is not None:
+            saved = AutoConfig.from_pretrained(model_path)
+            self.warm_start = saved.model_type == "encoder-decoder"
+            self.checkpoint_decoder_start = getattr(saved, "decoder_start_token_id", None)
+            # The prefix the run was trained with travels in its config (also read by pipeline()).
+            self.source_prefix = self.options.source_prefix or getattr(saved, "prefix", None) or ""
+        elif self.options.encoder_name_or_path or self.options.decoder_name_or_path:
+            self.warm_start = True
+        elif self.config.model.name_or_path is None:
+            raise ConfigError("translation needs a checkpoint: set model.name_or_path (a seq2seq model or an encoder to warm-start)")
+        else:
+            config = AutoConfig.from_pretrained(resolve_model(self.config.model.name_or_path), revision=self.config.model.revision)
+            self.warm_start = not is_seq2seq_config(config)
+            self.checkpoint_decoder_start = getattr(config, "decoder_start_token_id", None)
+            if config.model_type == "t5" and not self.source_prefix:
+                self.source_prefix = t5_prefix(self.options.source_lang, self.options.target_lang)
+        if self.warm_start and model_path is None and self.config.model.peft is not None:
+            # The warm start's cross-attention and LM head are new random weights, so no checkpoint
+            # exists that an adapter could name as its base and be reloaded onto.
+            raise ConfigError(
+                "model.peft on a BERT2BERT warm start is not supported: the encoder-decoder it builds exists in no "
+                "checkpoint for the adapter to name as its base. Fine-tune it fully once (or for a few steps) and use "
+                "that run directory as model.name_or_path for LoRA."
+            )
+        if not self.warm_start and self.options.tie_encoder_decoder and model_path is None:
+            raise ConfigError("translation.tie_encoder_decoder applies to BERT2BERT warm starts, not to a seq2seq checkpoint")
+
+    # ----- tokenizer and model ------------------------------------------------------------
+    def build_tokenizer(self, raw, model_path: str | None = None):
+        self._plan(model_path)
+        model = self.config.model
+        source = model_path or model.tokenizer_name_or_path or (self._sources()[0] if self.warm_start else model.name_or_path)
+        location = source if model_path else resolve_model(source)
+        # No fast-tokenizer requirement here: translation needs no offsets, and Marian's is sentencepiece only.
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=None if model_path else model.revision)
+        if self.options.src_lang:
+            tokenizer.src_lang = self.options.src_lang
+        if self.options.tgt_lang:
+            tokenizer.tgt_lang = self.options.tgt_lang
+        if tokenizer.pad_token_id is None:
+            raise ModelError(f"tokenizer of {source!r} has no pad token; translation batches need one")
+        if self.warm_start and (tokenizer.cls_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id) is None:
+            raise ModelError(f"tokenizer of {source!r} has neither [CLS] nor a BOS token to start the decoder with")
+        self.tokenizer = tokenizer
+        self.output_pad_values[GENERATED_KEY] = tokenizer.pad_token_id
+        self.lowercase = self.options.lowercase_metrics if self.options.lowercase_metrics is not None else tokenizer_lowercases(tokenizer)
+        return tokenizer
+
+    def _special_ids(self) -> dict[str, int]:
+        """BERT2BERT: [CLS] starts the decoder, [SEP] ends it (BOS/EOS for tokenizers without them)."""
+        tok = self.tokenizer
+        start = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+        end = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+        return {"decoder_start_token_id": start, "eos_token_id": end, "pad_token_id": tok.pad_token_id}
+
+    def build_model(self, raw, model_path: str | None = None):
+        self._plan(model_path)
+        if model_path is not None:
+            # Through load_model so that a LoRA run (adapter + base id) loads as well as a full model.
+            model = load_model(AutoModelForSeq2SeqLM, self.config.model, model_path=model_path)
+            if getattr(model.config, "tie_encoder_decoder", False):
+                tie_encoder_decoder_weights(model)
+        elif self.warm_start:
+            model = self._warm_start()
+        else:
+            model = self._load_seq2seq()
+        if isinstance(model, EncoderDecoderModel):
+            drop_encoder_pooler(model)
+        self._configure_generation(model)
+        self.model = model
+        return model
+
+    def _load_seq2seq(self) -> PreTrainedModel:
+        model_cfg = self.config.model
+        location = resolve_model(model_cfg.name_or_path)
+        config = AutoConfig.from_pretrained(location, revision=model_cfg.revision)
+        _apply_dropout(config, model_cfg.dropout)
+        model = AutoModelForSeq2SeqLM.from_pretrained(location, config=config, revision=model_cfg.revision)
+        if model.config.decoder_start_token_id is None and self.options.tgt_lang:
+            model.config.decoder_start_token_id = self.tokenizer.convert_tokens_to_ids(self.options.tgt_lang)
+        return model
+
+    def _warm_start(self) -> EncoderDecoderModel:
+        encoder, decoder = self._sources()
+        revision = self.config.model.revision
+        encoder_config = AutoConfig.from_pretrained(resolve_model(encoder), revision=revision)
+        decoder_config = AutoConfig.from_pretrained(resolve_model(decoder), revision=revision)
+        for name, config in (("encoder", encoder_config), ("decoder", decoder_config)):
+            if is_seq2seq_config(config):
+                raise ModelError(f"{name} checkpoint {encoder if name == 'encoder' else decoder!r} is already a seq2seq model; "
+                                 "set model.name_or_path to it instead of translation.encoder/decoder_name_or_path")
+        check_decoder_config(decoder_config, decoder)
+        if decoder_config.vocab_size < len(self.tokenizer):
+            raise ModelError(
+                f"decoder {decoder!r} has a vocabulary of {decoder_config.vocab_size} but the tokenizer has "
+                f"{len(self.tokenizer)} tokens; BERT2BERT here uses one tokenizer for both sides"
+            )
+        decoder_config.is_decoder = True
+        decoder_config.add_cross_attention = True
+        _apply_dropout(encoder_config, self.config.model.dropout)
+        _apply_dropout(decoder_config, self.config.model.dropout)
+        try:
+            model = EncoderDecoderModel.from_encoder_decoder_pretrained(
+                resolve_model(encoder), resolve_model(decoder),
+                encoder_config=encoder_config, decoder_config=decoder_config,
+                encoder_revision=revision, decoder_revision=revision,
+            )
+        except ValueError as error:  # e.g. a decoder class without cross-attention
+            raise ModelError(f"cannot build an encoder-decoder from {encoder!r} and {decoder!r}: {error}") from None
+        for key, value in self._special_ids().items():
+            setattr(model.config, key, value)
+        model.config.vocab_size = model.config.decoder.vocab_size
+        if self.options.tie_encoder_decoder:
+            model.config.tie_encoder_decoder = True
+            tie_encoder_decoder_weights(model)
+        model.train()  # from_encoder_decoder_pretrained returns it in eval mode
+        return model
+
+    def _configure_generation(self, model: PreTrainedModel) -> None:
+        """Beam-search settings and special tokens on ``generation_config`` (saved next to the weights)."""
+        gen = model.generation_config
+        for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(model.config, key, None)
+            if value is not None and getattr(gen, key, None) is None:
+                setattr(gen, key, value)
+        if self.options.forced_bos_token:
+            token_id = self.tokenizer.convert_tokens_to_ids(self.options.forced_bos_token)
+            if token_id is None or token_id == self.tokenizer.unk_token_id:
+                raise ConfigError(f"translation.forced_bos_token={self.options.forced_bos_token!r} is not in the tokenizer's vocabulary")
+            gen.forced_bos_token_id = token_id
+        gen.num_beams = self.options.num_beams
+        gen.max_new_tokens = self.options.max_new_tokens
+        gen.max_length = None  # a checkpoint's max_length (or the 20-token default) must not cap max_new_tokens
+        gen.length_penalty = self.options.length_penalty
+        gen.no_repeat_ngram_size = self.options.no_repeat_ngram_size or None
+        gen.early_stopping = self.options.early_stopping if self.options.num_beams > 1 else False
+        gen.do_sample = False
+        if self.source_prefix:
+            model.config.prefix = self.source_prefix  # what pipeline("translation") prepends

@@ -1,0 +1,35 @@
+"""Generated token ids -> text and lengths, and whether case can be scored.
+
+In:  ``generate()``'s padded id rows (decoder start first), the end and pad token ids, the tokenizer.
+Out: tokens generated per row up to the first end token (``gen_len``), detokenised hypotheses, and whether
+     the tokenizer lowercases (then BLEU/chrF are case-insensitive).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def tokenizer_lowercases(tokenizer) -> bool:
+    """True when the tokenizer maps case away (uncased WordPiece), so case cannot be scored."""
+    return tokenizer.tokenize("Translation Of The Day") == tokenizer.tokenize("translation of the day")
+
+
+def generated_lengths(generated: np.ndarray, eos_token_id: int | list[int] | None, pad_token_id: int) -> np.ndarray:
+    """Tokens generated per row after the decoder start (position 0), up to and including the first end token.
+
+    Finished beams are filled with pad, or with the end token when pad is 0 (generate() picks
+    ``pad_token_id or eos_token_id``), so counting non-pad tokens would overcount.
+    """
+    body = generated[:, 1:]
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    is_end = np.isin(body, eos) if eos else np.zeros(body.shape, dtype=bool)
+    until_pad = (body != pad_token_id).sum(axis=1)
+    first_end = np.where(is_end.any(axis=1), is_end.argmax(axis=1) + 1, until_pad)
+    return first_end
+
+
+def decode(tokenizer, generated: np.ndarray) -> list[str]:
+    """Token ids (padded rows) -> detokenised strings, special tokens dropped, spaces before punctuation fixed."""
+    texts = tokenizer.batch_decode(generated.tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=True)
+    return [text.strip() for text in texts]
