@@ -179,6 +179,11 @@ class TrainConfig(Section):
         # YAML 1.1 reads a bare ``no`` (``train.mixed_precision=no``, ``mixed_precision: no``) as false.
         return "no" if value is False else value
 
+    @property
+    def eval_batch_size_or_default(self) -> int:
+        """``eval_batch_size``, else twice ``batch_size`` (evaluation keeps no gradients, so twice fits)."""
+        return self.eval_batch_size or self.batch_size * 2
+
     @model_validator(mode="after")
     def _best_model_needs_metric(self) -> "TrainConfig":
         if (self.load_best_model_at_end or self.early_stopping_patience) and not self.metric_for_best_model:

@@ -107,3 +107,9 @@ def test_config_is_frozen(tmp_path):
     with pytest.raises(ValidationError):
         config.train.learning_rate = 1.0
 
+
+def test_config_eval_batch_size_defaults_to_twice_the_train_batch():
+    from pipelines.config import TrainConfig
+
+    assert TrainConfig(batch_size=8).eval_batch_size_or_default == 16
+    assert TrainConfig(batch_size=8, eval_batch_size=5).eval_batch_size_or_default == 5
