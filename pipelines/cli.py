@@ -28,27 +28,42 @@ import logging
 import os
 import sys
 import traceback
-from typing import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from pipelines.benchmark import BenchmarkError
-from pipelines.checkpoint import CheckpointError
-from pipelines.config import ConfigError, RunConfig, load_config
-from pipelines.data import DataError
+# Only light modules here (no torch, transformers or datasets): each command imports what it runs
+# after its arguments are parsed, so help, --version and argument errors answer at once.
+from pipelines.config import RunConfig, load_config
 from pipelines.errors import UserError
-from pipelines.export import ExportError
-from pipelines.hub import HubUnavailableError
-from pipelines.modeling import ModelError
-from pipelines.outputs import OutputDirError, load_saved_config
-from pipelines.publish import PublishError
-from pipelines.task import Task
+from pipelines.outputs import load_saved_config
 
-USER_ERRORS = (
-    UserError, BenchmarkError, ConfigError, DataError, HubUnavailableError, CheckpointError, OutputDirError, ModelError,
-    PublishError, FileNotFoundError, ExportError,
-)
+if TYPE_CHECKING:
+    from pipelines.task import Task
+
+# Bad-input errors that are not UserErrors, by the module that defines them: a command can only raise
+# one of these after importing its module, so they are looked up in ``sys.modules`` instead of imported.
+_OTHER_USER_ERRORS = {
+    "pipelines.benchmark": "BenchmarkError", "pipelines.export": "ExportError", "pipelines.publish": "PublishError",
+}
 DEBUG_VARIABLE = "BERTPIPE_DEBUG"
 
-TaskLookup = Callable[[str], type[Task]]
+TaskLookup = Callable[[str], "type[Task]"]
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exception types the CLI reports as bad input (exit status 2, no traceback)."""
+    errors: list[type[Exception]] = [UserError, FileNotFoundError]
+    for module, name in _OTHER_USER_ERRORS.items():
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
+
+
+def package_version() -> str:
+    try:
+        return version("bertpipe")
+    except PackageNotFoundError:  # a source checkout that was never pip-installed
+        return "unknown (not installed)"
 
 
 def load_run_config(get_task: TaskLookup, config_path: str | None, overrides: Sequence[str], *, run_dir: str | None = None) -> RunConfig:
@@ -64,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true",
         help=f"on an error, also print the traceback and its cause (or set {DEBUG_VARIABLE}=1); accepted anywhere on the line",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train, evaluate on the eval split, write the run directory")
@@ -164,9 +180,9 @@ def _add_edge_commands(commands) -> None:
 def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
     """Runs ``export``/``distill``; False for any other command."""
     if args.command == "export":
+        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
         from pipelines.export import export_run
 
-        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
         summary = export_run(
             config, get_task(config.task)(config), args.run_dir, args.out, quantize=args.quantize, opset=args.opset,
             parity_samples=args.parity_samples, overwrite=args.overwrite,
@@ -185,23 +201,24 @@ def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
 
 
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
+    # Each command reads its config before importing the module that runs it (torch and friends).
     if _run_edge_command(args, get_task):
         return 0
     if args.command == "train":
+        config = load_run_config(get_task, args.config, args.overrides)
         from pipelines.train import train
 
-        config = load_run_config(get_task, args.config, args.overrides)
         metrics = train(config, get_task(config.task)(config))
         _print_metrics(metrics)
     elif args.command == "evaluate":
+        config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         from pipelines.evaluation import evaluate_run
 
-        config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         _print_metrics(evaluate_run(config, get_task(config.task)(config), args.run_dir, precision=args.precision))
     elif args.command == "predict":
+        config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         from pipelines.evaluation import predict_file
 
-        config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output, precision=args.precision)
         print(f"wrote {count} predictions to {args.output}")
     elif args.command == "benchmark" and args.predict:
@@ -213,9 +230,9 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         print(result["table"])
         print(f"wrote {result['output_dir']}/predict_benchmark.md and predict_benchmark.json")
     elif args.command == "benchmark":
+        config = load_run_config(get_task, args.config, args.overrides)
         from pipelines.benchmark import parse_settings, run_benchmark
 
-        config = load_run_config(get_task, args.config, args.overrides)
         result = run_benchmark(
             config, get_task, config_label=" ".join([args.config, *args.overrides]), seeds=args.seeds,
             settings=parse_settings(args.settings), output_dir=args.output_dir, metric=args.metric,
@@ -245,14 +262,14 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         for path in attention_heatmaps(args.run_dir, args.sentence, args.out):
             print(path)
     elif args.command == "merge":
+        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
         from pipelines.evaluation import merge_run
 
-        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
         print(f"wrote the merged model to {merge_run(config, get_task(config.task)(config), args.run_dir, args.out)}")
     elif args.command == "publish":
+        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
         from pipelines.publish import publish_run
 
-        config = load_run_config(get_task, None, [], run_dir=args.run_dir)
         result = publish_run(
             args.run_dir, config, get_task(config.task).pipeline_tag,
             repo_id=args.repo_id or config.hub.repo_id,
@@ -287,9 +304,11 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return run(args, get_task)
-    except USER_ERRORS as error:
-        return _report(args.command, str(error), debug)
-    except OSError as error:
+    except Exception as error:
+        if isinstance(error, user_errors()):
+            return _report(args.command, str(error), debug)
+        if not isinstance(error, OSError):
+            raise
         # The last resort for the machine saying no where no boundary did (a full disk while saving, a
         # permission, a vanished file): its own words and the file, not a traceback. Complete
         # checkpoints are never touched by a failed write, so the run can resume once space is freed.

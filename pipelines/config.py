@@ -179,6 +179,11 @@ class TrainConfig(Section):
         # YAML 1.1 reads a bare ``no`` (``train.mixed_precision=no``, ``mixed_precision: no``) as false.
         return "no" if value is False else value
 
+    @property
+    def eval_batch_size_or_default(self) -> int:
+        """``eval_batch_size``, else twice ``batch_size`` (evaluation keeps no gradients, so twice fits)."""
+        return self.eval_batch_size or self.batch_size * 2
+
     @model_validator(mode="after")
     def _best_model_needs_metric(self) -> "TrainConfig":
         if (self.load_best_model_at_end or self.early_stopping_patience) and not self.metric_for_best_model:
@@ -382,12 +387,17 @@ def load_config(
         override_keys.add(tuple(keys))
 
     task_name = tree.get("task")
-    options_cls = TaskOptions
-    if task_options_for is not None and isinstance(task_name, str):
-        try:
-            options_cls = task_options_for(task_name)
-        except KeyError as error:
-            raise ConfigError(f"{source}: task: {error.args[0]}") from error
+    # Everything but the task's own section first: that needs no task module (each imports torch),
+    # so a typo there is reported at once instead of after seconds of imports. An unknown top-level
+    # key may be the section of a misspelt task, so then the task name is checked first, as below.
+    general_schema = _schema_for(TaskOptions)
+    try:
+        general_schema.model_validate({key: value for key, value in tree.items() if key != task_name})
+    except ValidationError as error:
+        if any(problem["type"] == "extra_forbidden" and len(problem["loc"]) == 1 for problem in error.errors()):
+            _task_options(task_options_for, task_name, source)
+        raise ConfigError(_describe(error, general_schema, source, override_keys, task_name)) from None
+    options_cls = _task_options(task_options_for, task_name, source)
     if isinstance(task_name, str) and task_name in tree:
         tree["task_options"] = tree.pop(task_name)
     schema = _schema_for(options_cls)
@@ -395,6 +405,15 @@ def load_config(
         return schema.model_validate(tree)
     except ValidationError as error:
         raise ConfigError(_describe(error, schema, source, override_keys, task_name)) from None
+
+
+def _task_options(task_options_for: Callable[[str], type[TaskOptions]] | None, task_name: Any, source: str) -> type[TaskOptions]:
+    if task_options_for is None or not isinstance(task_name, str):
+        return TaskOptions
+    try:
+        return task_options_for(task_name)
+    except KeyError as error:
+        raise ConfigError(f"{source}: task: {error.args[0]}") from error
 
 
 @functools.lru_cache(maxsize=None)

@@ -131,7 +131,7 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
     with accelerator.main_process_first():
         examples = task.load(include_train=False)[config.data.eval_split]
         features = task.preprocess(examples, train=False)
-    loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
+    loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size_or_default)
     model, loader = accelerator.prepare(model, loader)
     started = time.perf_counter()
     predictions, metrics = evaluate(
@@ -156,7 +156,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     examples = task.load_inputs(input_path)
     features = task.preprocess(examples, train=False)
     check_sequence_lengths(model.config, features, where=f"--input {input_path}")
-    loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size or config.train.batch_size * 2)
+    loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size_or_default)
     model, loader = accelerator.prepare(model, loader)
     outputs = run_predictions(
         accelerator, model, loader, task, order=sampler.order, description="predict", mixed_precision=accelerator.mixed_precision != "no"

@@ -47,12 +47,6 @@ def plan_steps(train: TrainConfig, batches_per_epoch: int) -> StepPlan:
     return StepPlan(batches_per_epoch, train.gradient_accumulation_steps, updates_per_epoch, total_updates, num_epochs, min(warmup, total_updates))
 
 
-def position_after(plan: StepPlan, completed_updates: int) -> tuple[int, int]:
-    """(epoch, batches already consumed in it) after ``completed_updates`` optimizer updates."""
-    epoch, updates_into_epoch = divmod(completed_updates, plan.updates_per_epoch)
-    return epoch, min(updates_into_epoch * plan.accumulation_steps, plan.batches_per_epoch)
-
-
 def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.AdamW:
     """AdamW with no weight decay on biases and normalisation weights (as in BERT)."""
     decay, no_decay = [], []

@@ -165,13 +165,6 @@ class StepLog:
         self._file.close()
 
 
-def read_log(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / LOG_FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def plot_training_curves(records: list[dict[str, Any]], path: str | Path) -> Path | None:
     """Loss (left) and each eval metric (right) against the optimizer step."""
     import matplotlib

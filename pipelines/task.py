@@ -67,5 +67,3 @@ class Task(Protocol):
 
     def save_artifacts(self, predictions: Any, examples: Dataset, run_dir: str) -> None: ...
 
-
-TaskFactory = Callable[[RunConfig], Task]

@@ -111,7 +111,7 @@ def train(
         # saving and best-model reloading work unchanged. Shapes vary per batch: after the first
         # recompile torch marks them dynamic instead of compiling every new length.
         model.compile()
-    eval_batch_size = config.train.eval_batch_size or config.train.batch_size * 2
+    eval_batch_size = config.train.eval_batch_size_or_default
     train_loader, train_sampler = train_dataloader(
         train_features, task.collator(train=True), config.train.batch_size,
         seed=config.seed, group_by_length=config.train.group_by_length,

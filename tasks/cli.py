@@ -1,4 +1,8 @@
-"""Entry point of the ``bertpipe`` command: the task-agnostic CLI wired to this task registry."""
+"""Entry point of the ``bertpipe`` command: the task-agnostic CLI wired to this task registry.
+
+The registry is handed over as a function that imports a task only when a command needs it, so
+that ``--help``, ``--version`` and argument errors answer without loading torch.
+"""
 
 from __future__ import annotations
 

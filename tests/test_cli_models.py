@@ -122,7 +122,9 @@ def test_cli_translation_with_our_transformer(tmp_path, tiny_bert):
     # itself (tests/models/test_models_transformer.py).
     assert losses[-1] < 0.5 * math.log(len(tokenizer)), losses
 
-    import tasks  # noqa: F401  (registers the "translation" pipeline)
+    from tasks import load_tasks
+
+    load_tasks()  # registers the "translation" pipeline
     from transformers import pipeline
 
     generated = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()][:4]

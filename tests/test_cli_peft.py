@@ -108,7 +108,9 @@ def test_cli_lora_predict_matches_pipeline_on_the_adapter_run_and_on_the_merged_
     from peft import PeftModel
     from transformers import pipeline
 
-    import tasks  # noqa: F401  lets pipeline() load adapter run directories
+    from tasks import load_tasks
+
+    load_tasks()  # lets pipeline() load adapter run directories
 
     on_adapter = pipeline("text-classification", model=str(lora_run), top_k=None)
     assert isinstance(on_adapter.model, PeftModel)

@@ -119,7 +119,9 @@ def test_cli_qa_predict_and_the_registered_pipeline_agree(trained_run, tmp_path)
     for row, answer in zip(rows, answers):
         assert row["context"][answer["start"] : answer["end"]] == answer["answer"]
 
-    import tasks  # noqa: F401  (registers the question-answering pipeline)
+    from tasks import load_tasks
+
+    load_tasks()  # registers the question-answering pipeline
     from transformers import pipeline
 
     qa = pipeline("question-answering", model=str(trained_run))

@@ -99,7 +99,9 @@ def test_cli_translation_predict_translates_a_txt_file(predicted):
 
 
 def test_cli_translation_pipeline_agrees_with_predict(trained_run, predicted):
-    import tasks  # noqa: F401  (registers the "translation" pipeline)
+    from tasks import load_tasks
+
+    load_tasks()  # registers the "translation" pipeline
     from transformers import pipeline
 
     sources, rows = predicted

@@ -51,7 +51,9 @@ def test_families_translation_feeds_each_family_its_conventions(translation_run)
 
 
 def test_families_translation_predict_and_pipeline_agree(translation_run):
-    import tasks  # noqa: F401  (registers pipeline("translation") for bertpipe's runs)
+    from tasks import load_tasks
+
+    load_tasks()  # registers pipeline("translation") for bertpipe's runs
 
     family, run, folder = translation_run
     sources = [row["de"] for row in translation_rows(4, 3)]

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pipelines.config import ConfigError, TaskOptions, load_config, parse_override
 
@@ -103,5 +104,12 @@ def test_config_resolved_yaml_round_trips(tmp_path):
 
 def test_config_is_frozen(tmp_path):
     config = load_config(write(tmp_path, BASE), [], options_for)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         config.train.learning_rate = 1.0
+
+
+def test_config_eval_batch_size_defaults_to_twice_the_train_batch():
+    from pipelines.config import TrainConfig
+
+    assert TrainConfig(batch_size=8).eval_batch_size_or_default == 16
+    assert TrainConfig(batch_size=8, eval_batch_size=5).eval_batch_size_or_default == 5
