@@ -59,7 +59,7 @@ def trainer_arguments(config: RunConfig, setting: str, output_dir: str, *, warmu
         "num_train_epochs": train.num_epochs,
         "max_steps": train.max_steps or -1,
         "per_device_train_batch_size": train.batch_size,
-        "per_device_eval_batch_size": train.eval_batch_size or train.batch_size * 2,
+        "per_device_eval_batch_size": train.eval_batch_size_or_default,
         "gradient_accumulation_steps": train.gradient_accumulation_steps,
         "learning_rate": train.learning_rate,
         "weight_decay": train.weight_decay,

@@ -53,7 +53,7 @@ def predict_one(spec: PredictSpec, get_task: TaskLookup) -> dict[str, Any]:
     """
     started = time.perf_counter()
     config, task = _finished_run(spec, get_task)
-    batch_size = config.train.eval_batch_size or config.train.batch_size * 2
+    batch_size = config.train.eval_batch_size_or_default
     if spec.setting == "bertpipe_predict":
         from pipelines.evaluation import predict_file
 
