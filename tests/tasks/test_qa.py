@@ -84,6 +84,25 @@ def test_qa_reader_honours_the_encoding(tmp_path):
         read_squad_file(path)
 
 
+def test_qa_load_inputs_honours_data_encoding(tmp_path, tiny_bert):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps({"id": "a", "question": "who met Bob?", "context": "Zoë met Bob"}, ensure_ascii=False).encode("latin-1"))
+    config_path = tmp_path / "qa.yaml"
+    config_path.write_text(f"""task: qa
+output_dir: {tmp_path / 'run'}
+model:
+  name_or_path: {tiny_bert}
+data:
+  files: {{train: {path}, validation: {path}}}
+  encoding: latin-1
+""")
+    task = get_task("qa")(load_config(config_path, [], lambda name: get_task(name).Options))
+    assert task.load_inputs(str(path))["context"] == ["Zoë met Bob"]
+    utf8 = get_task("qa")(load_config(config_path, ["data.encoding=utf-8"], lambda name: get_task(name).Options))
+    with pytest.raises(DataError, match="0xeb is not valid utf-8.*data.encoding"):
+        utf8.load_inputs(str(path))
+
+
 def test_qa_reader_detects_jsonl_with_either_answer_layout(tmp_path):
     path = write_jsonl(tmp_path / "flat.json", [
         {"id": 7, "question": "q1", "context": "c one", "answers": {"text": ["one"], "answer_start": [2]}},

@@ -1,59 +1,37 @@
-"""Masked-language-model pretraining (BERT-style), from scratch or continued from any encoder checkpoint.
+"""The masked-LM task: :class:`MlmTask`, which the pipeline's train/evaluate/predict loop drives, and its metrics.
 
-In:  a text corpus (plain-text files such as WikiText's ``.tokens``/``.raw`` or ``.txt``, a Hub text
-     dataset, or jsonl/csv/parquet with a text column); ``model.name_or_path`` set means continued
-     pretraining from that checkpoint, unset means a new model built from ``model.architecture``
-     with a WordPiece tokenizer trained on the train split (unless ``model.tokenizer_name_or_path``
-     names one).
-Out: an ``AutoModelForMaskedLM`` run directory (``AutoModelForPreTraining`` with next-sentence
-     prediction) holding the tokenizer, so that ``pipeline("fill-mask", model=RUN_DIR)`` works and
-     the directory is a valid ``model.name_or_path`` for every fine-tuning task; metrics
-     ``eval_perplexity`` (exp of the mean cross-entropy over *all* masked tokens of the split),
-     ``eval_accuracy`` (masked-token top-1), ``eval_loss`` (+ ``eval_nsp_accuracy``); and for
+In:  a ``RunConfig`` with ``task: mlm`` and its ``mlm:`` options (:class:`MlmOptions`); a text corpus
+     (plain-text files, a Hub text dataset, or jsonl/csv/parquet with a text column);
+     ``model.name_or_path`` set means continued pretraining, unset a new model from ``model.architecture``.
+Out: cleaned splits (:mod:`tasks.mlm.corpus`), a tokenizer (:mod:`tasks.mlm.tokenizer`), packed or
+     per-row features (:mod:`tasks.mlm.examples`) with fixed evaluation masks (:mod:`tasks.mlm.masking`),
+     an ``AutoModelForMaskedLM`` (``AutoModelForPreTraining`` with next-sentence prediction), metrics
+     ``eval_perplexity``, ``eval_accuracy``, ``eval_loss`` (+ ``eval_nsp_accuracy``), and for
      ``bertpipe predict`` the top-k fillers of every mask token of each input line.
-
-Corpus cleaning: every row is stripped; empty rows and WikiText headings (`` = Title = ``,
-`` = = Section = = ``) are dropped (``drop_headings``), and WikiText's ``<unk>`` marker becomes the
-tokenizer's unknown token, a special token that is never masked. When the data has no eval split,
-``data.validation_fraction`` holds out whole documents (top-level headings delimit them; else
-blank-line paragraphs; else rows), before packing, so no block straddles the two splits.
-
-Examples: ``packing: true`` concatenates the token stream of a split and cuts it into blocks of
-``max_seq_length`` (special tokens included, no padding; the last, shorter block keeps the
-remainder so every token is used exactly once); ``packing: false`` keeps one row per example,
-truncated and padded per batch. Masking (``mlm_probability`` of the tokens, of which
-``mask_replace_prob`` become the mask token, ``random_replace_prob`` a random token, the rest stay;
-special tokens never) happens in the collator, so every epoch sees new masks; evaluation masks are
-drawn once per example from ``(seed, example index)``, so two evaluations of a model agree.
-Whole-word masking groups tokens by the fast tokenizer's ``word_ids()`` (any tokenizer, not only
-WordPiece ``##`` pieces).
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from datasets import Dataset, DatasetDict
 from pydantic import Field, model_validator
-from transformers import AutoModelForMaskedLM, AutoModelForPreTraining, PreTrainedTokenizerBase
+from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns, skip_blank_lines
 from pipelines.modeling import ModelError, load_model, load_tokenizer, tokenizer_source
+from tasks.mlm.corpus import clean_rows, hold_out_documents, split_documents
+from tasks.mlm.examples import NO_WORD, make_sentence_pairs, number_words, pack_blocks
+from tasks.mlm.masking import IGNORE_INDEX, MaskingCollator, eval_masking_rng, mask_tokens, random_token_ids
+from tasks.mlm.tokenizer import DEFAULT_VOCAB_SIZE, special_template, train_wordpiece_tokenizer
 
 logger = logging.getLogger(__name__)
-
-IGNORE_INDEX = -100
-NO_WORD = -1
-DEFAULT_VOCAB_SIZE = 30522
-BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 class MlmOptions(TaskOptions):
@@ -87,338 +65,6 @@ class MlmOptions(TaskOptions):
         if self.mask_replace_prob + self.random_replace_prob > 1:
             raise ValueError("mask_replace_prob + random_replace_prob must not exceed 1 (the rest stay unchanged)")
         return self
-
-
-# ----- corpus: cleaning, documents, held-out split --------------------------------------------
-_HEADING = re.compile(r"^\s*(=\s+)+[^=].*?(\s+=)+\s*$")
-_TOP_HEADING = re.compile(r"^\s*=\s+[^=](.*[^=])?\s+=\s*$")
-
-
-def is_heading(line: str) -> bool:
-    """WikiText section headings: `` = Title = ``, `` = = Section = = `` and deeper."""
-    return bool(_HEADING.match(line))
-
-
-def split_documents(rows: Sequence[str]) -> list[list[int]]:
-    """Row indices grouped into documents, in corpus order.
-
-    Top-level WikiText headings start documents when the corpus has at least two; otherwise blank
-    rows separate paragraphs; otherwise every row is its own document.
-    """
-    starts = [i for i, row in enumerate(rows) if _TOP_HEADING.match(row)]
-    if len(starts) >= 2:
-        bounds = ([0] if starts[0] != 0 else []) + starts + [len(rows)]
-        return [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
-    paragraphs, current = [], []
-    for i, row in enumerate(rows):
-        if row.strip():
-            current.append(i)
-        elif current:
-            paragraphs.append(current)
-            current = []
-    if current:
-        paragraphs.append(current)
-    if len(paragraphs) >= 2:
-        return paragraphs
-    return [[i] for i in range(len(rows))]
-
-
-def hold_out_documents(documents: list[list[int]], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train rows, held-out rows): a seeded random set of whole documents holding ``fraction`` of the rows.
-
-    Both keep corpus order. At least one document goes each way when there are two or more.
-    """
-    if len(documents) < 2:
-        raise DataError("data.validation_fraction: the corpus has a single document/row; it cannot be split")
-    order = np.random.default_rng(seed).permutation(len(documents))
-    total = sum(len(doc) for doc in documents)
-    held, held_rows = set(), 0
-    for index in order:
-        if held and held_rows + len(documents[index]) / 2 > fraction * total:
-            break
-        held.add(int(index))
-        held_rows += len(documents[index])
-        if len(held) == len(documents) - 1:
-            break
-    train = [row for i, doc in enumerate(documents) if i not in held for row in doc]
-    held_out = [row for i, doc in enumerate(documents) if i in held for row in doc]
-    return train, held_out
-
-
-def clean_rows(rows: Iterable[str], *, drop_headings: bool) -> list[str]:
-    """Strip rows; drop empty ones and (optionally) WikiText headings."""
-    kept = []
-    for row in rows:
-        row = (row or "").strip()
-        if row and not (drop_headings and is_heading(row)):
-            kept.append(row)
-    return kept
-
-
-# ----- tokenizer ------------------------------------------------------------------------------
-def train_wordpiece_tokenizer(
-    texts: Iterable[str], *, vocab_size: int, lowercase: bool, min_frequency: int, model_max_length: int
-):
-    """A BERT WordPiece tokenizer (``[PAD] [UNK] [CLS] [SEP] [MASK]``) trained on ``texts``."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertTokenizerFast
-
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIAL_TOKENS, min_frequency=min_frequency)
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
-    )
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
-    return BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=model_max_length, do_lower_case=lowercase)
-
-
-@dataclass(frozen=True)
-class SpecialTemplate:
-    """Where a tokenizer puts its special tokens around one or two segments, and their segment ids."""
-
-    prefix: list[int]
-    middle: list[int]
-    suffix: list[int]
-    type_a: int = 0
-    type_b: int = 1
-
-    @property
-    def single_overhead(self) -> int:
-        return len(self.prefix) + len(self.suffix)
-
-    @property
-    def pair_overhead(self) -> int:
-        return len(self.prefix) + len(self.middle) + len(self.suffix)
-
-    def single(self, ids: list[int]) -> tuple[list[int], list[int]]:
-        """(input_ids, special_tokens_mask) of one segment."""
-        return self.prefix + ids + self.suffix, [1] * len(self.prefix) + [0] * len(ids) + [1] * len(self.suffix)
-
-    def pair(self, a: list[int], b: list[int]) -> tuple[list[int], list[int], list[int]]:
-        """(input_ids, token_type_ids, special_tokens_mask) of a segment pair."""
-        ids = self.prefix + a + self.middle + b + self.suffix
-        types = [self.type_a] * (len(self.prefix) + len(a) + len(self.middle)) + [self.type_b] * (len(b) + len(self.suffix))
-        special = [1] * len(self.prefix) + [0] * len(a) + [1] * len(self.middle) + [0] * len(b) + [1] * len(self.suffix)
-        return ids, types, special
-
-
-def special_template(tokenizer: PreTrainedTokenizerBase) -> SpecialTemplate:
-    """Read the special-token template off the tokenizer by encoding two probe words with and without it."""
-    a = tokenizer("a", add_special_tokens=False)["input_ids"]
-    b = tokenizer("b", add_special_tokens=False)["input_ids"]
-    single = tokenizer("a")["input_ids"]
-    paired = tokenizer("a", "b")
-    pair_ids, pair_types = paired["input_ids"], paired.get("token_type_ids") or [0] * len(paired["input_ids"])
-    start = _find(single, a)
-    prefix, suffix = single[:start], single[start + len(a):]
-    a_at = _find(pair_ids, a)
-    b_at = _find(pair_ids, b, a_at + len(a))
-    if pair_ids[:a_at] != prefix or pair_ids[b_at + len(b):] != suffix:
-        # Tokenizers whose pair template differs at the ends (rare) still get the pair's own ends.
-        prefix, suffix = pair_ids[:a_at], pair_ids[b_at + len(b):]
-    return SpecialTemplate(prefix, pair_ids[a_at + len(a):b_at], suffix, pair_types[a_at], pair_types[b_at])
-
-
-def _find(haystack: list[int], needle: list[int], start: int = 0) -> int:
-    for i in range(start, len(haystack) - len(needle) + 1):
-        if haystack[i:i + len(needle)] == needle:
-            return i
-    raise ModelError("could not locate the text among the special tokens of the tokenizer's template")
-
-
-# ----- examples: packing, lines, sentence pairs -------------------------------------------------
-def number_words(word_ids_per_row: Sequence[Sequence[int | None]]) -> list[list[int]]:
-    """Per-row ``word_ids()`` -> word numbers unique across the rows (so packed blocks keep words apart)."""
-    numbered, offset = [], 0
-    for word_ids in word_ids_per_row:
-        present = [w for w in word_ids if w is not None]
-        numbered.append([NO_WORD if w is None else w + offset for w in word_ids])
-        offset += (max(present) + 1) if present else 0
-    return numbered
-
-
-def pack_blocks(token_rows: Sequence[Sequence[int]], word_rows: Sequence[Sequence[int]], block_length: int) -> list[tuple[list[int], list[int]]]:
-    """Concatenate the rows' tokens and cut them into blocks of ``block_length`` (the last keeps the rest).
-
-    Returns (token ids, word numbers) per block; every token appears exactly once, in order.
-    """
-    stream = [t for row in token_rows for t in row]
-    words = [w for row in word_rows for w in row]
-    return [(stream[i:i + block_length], words[i:i + block_length]) for i in range(0, len(stream), block_length)]
-
-
-def make_sentence_pairs(
-    token_rows: Sequence[Sequence[int]], max_tokens: int, rng: np.random.Generator
-) -> list[tuple[list[int], list[int], int]]:
-    """(segment A, segment B, next_sentence_label) from consecutive rows, as in BERT's pretraining data.
-
-    Rows are gathered into chunks of about ``max_tokens``; a chunk of several rows is cut at a random
-    row boundary, a single long row at a random token. Half the time B is replaced by a stretch of
-    the same length from elsewhere in the corpus (label 1, "not next"; 0 means B follows A). A + B
-    is trimmed to ``max_tokens`` from the longer side (A at its start, B at its end).
-    """
-    stream = [t for row in token_rows for t in row]
-    pairs, chunk, size = [], [], 0
-    rows = [list(row) for row in token_rows if row]
-
-    def flush(chunk: list[list[int]]) -> None:
-        if len(chunk) >= 2:
-            cut = int(rng.integers(1, len(chunk)))
-            a, b = [t for r in chunk[:cut] for t in r], [t for r in chunk[cut:] for t in r]
-        else:
-            tokens = chunk[0][: max_tokens]
-            if len(tokens) < 2:
-                return
-            cut = int(rng.integers(1, len(tokens)))
-            a, b = tokens[:cut], tokens[cut:]
-        label = 0
-        if rng.random() < 0.5 and len(stream) > len(a) + len(b):
-            length = max(1, min(len(b), max_tokens - min(len(a), max_tokens - 1)))
-            start = int(rng.integers(0, len(stream) - length + 1))
-            b, label = stream[start:start + length], 1
-        while len(a) + len(b) > max_tokens:
-            if len(a) > len(b):
-                a = a[1:]  # from the front, so that A still ends where B begins
-            else:
-                b = b[:-1]
-        pairs.append((a, b, label))
-
-    for row in rows:
-        chunk.append(row)
-        size += len(row)
-        if size >= max_tokens:
-            flush(chunk)
-            chunk, size = [], 0
-    if chunk:
-        flush(chunk)
-    return pairs
-
-
-# ----- masking --------------------------------------------------------------------------------
-def choose_mask_targets(
-    maskable: np.ndarray, word_ids: np.ndarray | None, probability: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Boolean (batch, length) of prediction targets: tokens, or whole words, each chosen with ``probability``.
-
-    ``maskable`` is False on special and padding tokens; ``word_ids`` (same shape, -1 outside words)
-    groups the tokens of one word, which are then chosen together.
-    """
-    if word_ids is None:
-        return (rng.random(maskable.shape) < probability) & maskable
-    rows = np.broadcast_to(np.arange(maskable.shape[0])[:, None], maskable.shape)
-    keys = np.where(maskable & (word_ids >= 0), rows * (int(word_ids.max()) + 2) + word_ids, -1)
-    unique, inverse = np.unique(keys, return_inverse=True)
-    chosen_words = rng.random(len(unique)) < probability
-    chosen_words[unique < 0] = False
-    return chosen_words[inverse.reshape(keys.shape)] & maskable
-
-
-def mask_tokens(
-    input_ids: np.ndarray,
-    maskable: np.ndarray,
-    word_ids: np.ndarray | None,
-    *,
-    rng: np.random.Generator,
-    mlm_probability: float,
-    mask_replace_prob: float,
-    random_replace_prob: float,
-    mask_token_id: int,
-    random_token_ids: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """BERT masking: (corrupted input ids, labels with -100 outside the targets).
-
-    Of the targets, ``mask_replace_prob`` become ``mask_token_id``, ``random_replace_prob`` a token
-    drawn from ``random_token_ids``, the rest keep their id. If no token of the whole batch was
-    chosen, one maskable token is, so the loss is never an average over nothing.
-    """
-    targets = choose_mask_targets(maskable, word_ids, mlm_probability, rng)
-    if not targets.any() and maskable.any():
-        candidates = np.argwhere(maskable)
-        targets[tuple(candidates[rng.integers(len(candidates))])] = True
-    labels = np.where(targets, input_ids, IGNORE_INDEX)
-    draw = rng.random(input_ids.shape)
-    replaced = targets & (draw < mask_replace_prob)
-    randomised = targets & (draw >= mask_replace_prob) & (draw < mask_replace_prob + random_replace_prob)
-    corrupted = input_ids.copy()
-    corrupted[replaced] = mask_token_id
-    corrupted[randomised] = random_token_ids[rng.integers(0, len(random_token_ids), size=int(randomised.sum()))]
-    return corrupted, labels
-
-
-def eval_masking_rng(seed: int, index: int) -> np.random.Generator:
-    """The generator for example ``index`` of an evaluation split: masks depend on nothing else."""
-    return np.random.default_rng([seed, 0x6D6C6D, index])
-
-
-_PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1, "word_ids": NO_WORD, "labels": IGNORE_INDEX}
-
-
-def pad_batch(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, np.ndarray]:
-    """Right-pad every per-token column to the batch's longest row; scalars are stacked."""
-    batch = {}
-    for key in features[0]:
-        values = [feature[key] for feature in features]
-        if isinstance(values[0], (list, tuple, np.ndarray)):
-            width = max(len(v) for v in values)
-            pad = pad_token_id if key == "input_ids" else _PAD_VALUES.get(key, 0)
-            array = np.full((len(values), width), pad, dtype=np.int64)
-            for row, value in enumerate(values):
-                array[row, : len(value)] = value
-            batch[key] = array
-        else:
-            batch[key] = np.asarray(values, dtype=np.int64)
-    return batch
-
-
-class MaskingCollator:
-    """Pads features and, for training, draws fresh BERT masks for every batch.
-
-    Without ``masking`` (evaluation, prediction) it only pads: evaluation features already carry
-    their fixed masks and labels. Helper columns (``word_ids``, ``special_tokens_mask``) are used
-    here and dropped, so the batch holds exactly the model's forward arguments.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, options: MlmOptions | None, seed: int) -> None:
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.options = options
-        self.seed = seed
-        self.mask_token_id = tokenizer.mask_token_id
-        self.random_token_ids = random_token_ids(tokenizer)
-        self._rng: np.random.Generator | None = None
-        self._rng_key: Any = None
-
-    def _generator(self) -> np.random.Generator:
-        # In DataLoader workers the collator is a copy: seed from the worker's own torch seed, which
-        # differs per worker and per epoch, or every worker would repeat the same masks.
-        worker = torch.utils.data.get_worker_info()
-        key = ("worker", worker.seed) if worker is not None else ("main", self.seed)
-        if self._rng is None or self._rng_key != key:
-            self._rng = np.random.default_rng(worker.seed if worker is not None else self.seed)
-            self._rng_key = key
-        return self._rng
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = pad_batch(features, self.pad_token_id)
-        word_ids = batch.pop("word_ids", None)
-        special = batch.pop("special_tokens_mask", None)
-        if self.options is not None:
-            maskable = (batch["attention_mask"] == 1) & (special == 0)
-            batch["input_ids"], batch["labels"] = mask_tokens(
-                batch["input_ids"], maskable, word_ids if self.options.whole_word_mask else None, rng=self._generator(),
-                mlm_probability=self.options.mlm_probability, mask_replace_prob=self.options.mask_replace_prob,
-                random_replace_prob=self.options.random_replace_prob, mask_token_id=self.mask_token_id,
-                random_token_ids=self.random_token_ids,
-            )
-        return {key: torch.from_numpy(value) for key, value in batch.items()}
-
-
-def random_token_ids(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
-    special = set(tokenizer.all_special_ids)
-    return np.array([i for i in range(len(tokenizer)) if i not in special], dtype=np.int64)
 
 
 # ----- metrics --------------------------------------------------------------------------------

@@ -1,0 +1,146 @@
+"""SQuAD files and rows -> flat examples (no tokenizer, no model).
+
+In:  a local file, the official nested SQuAD JSON (``data[].paragraphs[].qas[]``, ``is_impossible``
+     honoured), a JSON list of flat rows or jsonl of flat rows, the format read from the content;
+     or one Hub row. Answers come as ``{text: [...], answer_start: [...]}`` or a list of
+     ``{text, answer_start}`` dicts.
+Out: flat rows ``id, title, context, question, answers = {text: [...], answer_start: [...]}``
+     (:data:`EXAMPLE_FEATURES`) and their ``Dataset``; an empty ``answers.text`` list is an
+     unanswerable (v2) question. :func:`check_examples` and :func:`find_answer_mismatches` name
+     the examples that cannot be used. Bad input raises ``DataError`` naming file and row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, Features, Sequence as SequenceFeature, Value
+
+from pipelines.data import DataError, json_lines, naming_undecodable
+
+EXAMPLE_FEATURES = Features({
+    "id": Value("string"),
+    "title": Value("string"),
+    "context": Value("string"),
+    "question": Value("string"),
+    "answers": {"text": SequenceFeature(Value("string")), "answer_start": SequenceFeature(Value("int32"))},
+})
+
+
+def _answers_of(raw: Any, where: str) -> dict[str, list]:
+    """Answers as ``{text: [...], answer_start: [...]}`` from the Hub layout or a list of dicts."""
+    if raw is None:
+        return {"text": [], "answer_start": []}
+    if isinstance(raw, dict):
+        texts, starts = list(raw.get("text") or []), list(raw.get("answer_start") or [])
+    elif isinstance(raw, list):
+        try:
+            texts = [answer["text"] for answer in raw]
+            starts = [answer["answer_start"] for answer in raw]
+        except (TypeError, KeyError):
+            raise DataError(f"{where}: each answer needs 'text' and 'answer_start', got {raw!r}") from None
+    else:
+        raise DataError(f"{where}: 'answers' must be {{text: [...], answer_start: [...]}} or a list of those, got {raw!r}")
+    if len(texts) != len(starts):
+        raise DataError(f"{where}: answers have {len(texts)} texts but {len(starts)} answer_start values")
+    return {"text": [str(text) for text in texts], "answer_start": [int(start) for start in starts]}
+
+
+def flat_row(row: dict[str, Any], where: str, default_id: str) -> dict[str, Any]:
+    """One flat SQuAD row with every column of :data:`EXAMPLE_FEATURES`; ``is_impossible`` empties answers."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    missing = [key for key in ("question", "context") if not isinstance(row.get(key), str)]
+    if missing:
+        raise DataError(f"{where}: missing or non-text field(s) {missing}; a row needs 'question' and 'context' (and 'answers' to train)")
+    answers = _answers_of(row.get("answers"), where)
+    if row.get("is_impossible"):
+        answers = {"text": [], "answer_start": []}
+    identifier = row.get("id")
+    return {
+        "id": str(identifier) if identifier is not None else default_id,
+        "title": str(row.get("title") or ""),
+        "context": row["context"],
+        "question": row["question"],
+        "answers": answers,
+    }
+
+
+def flatten_squad_json(document: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """The official nested layout ``data[].paragraphs[].qas[]`` -> flat rows, in file order."""
+    rows = []
+    articles = document.get("data")
+    if not isinstance(articles, list):
+        raise DataError(f"{source}: nested SQuAD JSON needs a 'data' list of articles")
+    for a, article in enumerate(articles):
+        title = article.get("title", "") if isinstance(article, dict) else ""
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise DataError(f"{source}: data[{a}] ({title!r}) has no 'paragraphs' list")
+        for p, paragraph in enumerate(paragraphs):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str) or not isinstance(paragraph.get("qas"), list):
+                raise DataError(f"{source}: data[{a}].paragraphs[{p}] needs a 'context' string and a 'qas' list")
+            for q, qa in enumerate(paragraph["qas"]):
+                where = f"{source}: data[{a}].paragraphs[{p}].qas[{q}]"
+                rows.append(flat_row({"title": title, "context": paragraph["context"], **qa}, where, f"{a}-{p}-{q}"))
+    return rows
+
+
+def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
+    """Nested SQuAD JSON, a JSON list of flat rows, or jsonl of flat rows: detected from the content."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"file {path} does not exist")
+    with naming_undecodable({"input": [path]}, encoding):
+        text = path.read_text(encoding=encoding)
+    if not text.strip():
+        raise DataError(f"{path} is empty")
+    document: Any = None
+    if text.lstrip()[0] in "{[":
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError:
+            document = None  # several objects: jsonl
+    if isinstance(document, dict) and "data" in document:
+        return flatten_squad_json(document, str(path))
+    if isinstance(document, list):
+        return [flat_row(row, f"{path}: item {i}", str(i)) for i, row in enumerate(document)]
+    if isinstance(document, dict):
+        return [flat_row(document, f"{path}: line 1", "0")]
+    rows = []
+    for number, line in json_lines(text):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}: line {number} is neither nested SQuAD JSON nor a JSON object per line ({error})") from None
+        rows.append(flat_row(row, f"{path}: line {number}", str(len(rows))))
+    return rows
+
+
+def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:
+    return Dataset.from_list(rows, features=EXAMPLE_FEATURES)
+
+
+def check_examples(examples: Dataset, split: str, *, version_2_with_negative: bool | None) -> None:
+    """Empty contexts and (for v1) unanswerable questions are errors naming the example."""
+    for index, (identifier, context, answers) in enumerate(zip(examples["id"], examples["context"], examples["answers"])):
+        if not context.strip():
+            raise DataError(f"split {split!r}, example {index} (id {identifier!r}): the context is empty")
+        if version_2_with_negative is False and not answers["text"]:
+            raise DataError(
+                f"split {split!r}, example {index} (id {identifier!r}) has no answer, which SQuAD v1.1 does not allow; "
+                "set qa.version_2_with_negative=true for data with unanswerable questions"
+            )
+
+
+def find_answer_mismatches(examples: Dataset) -> list[int]:
+    """Indices of examples whose first answer text is not at its ``answer_start`` in the context."""
+    bad = []
+    for index, (context, answers) in enumerate(zip(examples["context"], examples["answers"])):
+        if answers["text"]:
+            text, start = answers["text"][0], answers["answer_start"][0]
+            if start < 0 or context[start : start + len(text)] != text:
+                bad.append(index)
+    return bad

@@ -1,0 +1,208 @@
+"""The QA task: :class:`QATask`, which the pipeline's train/evaluate/predict loop drives.
+
+In:  a ``RunConfig`` with ``task: qa`` and its ``qa:`` options (:class:`QAOptions`); SQuAD data from the
+     Hub or local files (:mod:`tasks.qa.squad_files`).
+Out: raw splits, window features (:mod:`tasks.qa.windows`), an ``AutoModelForQuestionAnswering`` whose
+     config carries the pipeline's defaults, decoded answers (:mod:`tasks.qa.decoding`), SQuAD exact
+     match / F1 (0-100; v2 adds HasAns/NoAns and the best no-answer threshold), prediction rows and
+     the run-directory files ``predictions.json``, ``nbest_predictions.json`` and (v2) ``null_odds.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from datasets import Dataset, DatasetDict
+from pydantic import Field
+from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding
+
+from pipelines.config import RunConfig, TaskOptions
+from pipelines.data import DataError, check_files_exist, finalize_splits, load_raw, require_columns
+from pipelines.metrics import load_metric
+from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
+from pipelines.outputs import write_json
+from tasks.qa.decoding import postprocess_qa_predictions
+from tasks.qa.pipeline import PIPELINE_TASK
+from tasks.qa.squad_files import check_examples, find_answer_mismatches, flat_row, read_squad_file, rows_to_dataset
+from tasks.qa.windows import check_question_lengths, prepare_features
+
+logger = logging.getLogger(__name__)
+
+# Feature columns kept for postprocessing only; the collator drops them before the model sees a batch.
+POSTPROCESS_COLUMNS = ("example_index", "offset_mapping", "cls_index")
+
+
+class QAOptions(TaskOptions):
+    version_2_with_negative: bool = False
+    """SQuAD v2: some questions have no answer; the model may predict the empty answer."""
+    doc_stride: int = Field(default=128, gt=0)
+    """Tokens shared by consecutive windows of a long context (the HF ``stride``)."""
+    n_best_size: int = Field(default=20, gt=0)
+    """Start and end candidates taken per window, and the length of the n-best list per example."""
+    max_answer_length: int = Field(default=30, gt=0)
+    """Longest answer span in tokens."""
+    null_score_diff_threshold: float = 0.0
+    """v2: predict "no answer" when (null score - best span score) exceeds this (logit units)."""
+    answer_mismatch: Literal["error", "skip"] = "error"
+    """A training answer whose text is not found at ``answer_start`` in the context: fail on the first,
+    or skip those examples (counted, with the first one named, in a warning)."""
+
+
+class QACollator:
+    """Pads the model inputs (and labels) of window features; drops the postprocessing columns."""
+
+    def __init__(self, tokenizer) -> None:
+        self.pad = DataCollatorWithPadding(tokenizer)
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self.pad([{key: value for key, value in feature.items() if key not in POSTPROCESS_COLUMNS} for feature in features])
+
+
+class QATask:
+    name: ClassVar[str] = "qa"
+    Options: ClassVar[type[TaskOptions]] = QAOptions
+    pipeline_tag: ClassVar[str] = PIPELINE_TASK
+    # Padded logit positions lie outside every window's offsets and are never read; a very low
+    # value keeps them harmless anyway.
+    output_pad_values: ClassVar[dict[str, float]] = {"start_logits": -1e4, "end_logits": -1e4}
+    higher_is_better: ClassVar[dict[str, bool]] = {"loss": False}
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.options: QAOptions = config.task_options
+        self.tokenizer = None
+        self._metric = None
+
+    # ----- data ----------------------------------------------------------------------------
+    def _normalise_hub_split(self, split: Dataset, name: str) -> Dataset:
+        require_columns(split, ["question", "context"], name)
+        rows = split.to_list()
+        return rows_to_dataset([flat_row(row, f"split {name!r}, row {i}", str(i)) for i, row in enumerate(rows)])
+
+    def load(self, *, include_train: bool = True) -> DatasetDict:
+        data = self.config.data
+        if data.files:
+            check_files_exist(data.files)
+            raw = DatasetDict({
+                split: rows_to_dataset([
+                    row for path in ([paths] if isinstance(paths, str) else paths)
+                    for row in read_squad_file(path, encoding=data.encoding)
+                ])
+                for split, paths in data.files.items()
+            })
+        else:
+            raw = DatasetDict({name: self._normalise_hub_split(split, name) for name, split in load_raw(data).items()})
+        raw = finalize_splits(raw, data, self.config.seed, need_train=include_train)
+        for split_name, split in raw.items():
+            check_examples(split, split_name, version_2_with_negative=self.options.version_2_with_negative)
+        return raw
+
+    def load_inputs(self, path: str) -> Dataset:
+        examples = rows_to_dataset(read_squad_file(path, encoding=self.config.data.encoding))
+        check_examples(examples, "input", version_2_with_negative=None)
+        return examples
+
+    def build_tokenizer(self, raw, model_path: str | None = None):
+        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
+        return self.tokenizer
+
+    def build_model(self, raw, model_path: str | None = None):
+        # The pipeline reads its defaults from here, so a saved run answers as it was evaluated.
+        defaults = {PIPELINE_TASK: {
+            "max_seq_len": self.config.data.max_seq_length, "doc_stride": self.options.doc_stride,
+            "max_answer_len": self.options.max_answer_length, "n_best_size": self.options.n_best_size,
+            "handle_impossible_answer": self.options.version_2_with_negative,
+            "null_score_diff_threshold": self.options.null_score_diff_threshold,
+        }}
+        if model_path is not None:
+            return load_model(AutoModelForQuestionAnswering, self.config.model, model_path=model_path)
+        return load_model(AutoModelForQuestionAnswering, self.config.model, config_overrides={"task_specific_params": defaults})
+
+    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
+        data, options = self.config.data, self.options
+        check_question_lengths(self.tokenizer, examples["question"], examples["id"], max_length=data.max_seq_length, doc_stride=options.doc_stride)
+        if train:
+            examples = self._drop_or_fail_mismatches(examples)
+        return examples.map(
+            prepare_features, batched=True, with_indices=True, remove_columns=examples.column_names,
+            num_proc=data.preprocessing_num_workers,
+            fn_kwargs={"tokenizer": self.tokenizer, "max_length": data.max_seq_length, "doc_stride": options.doc_stride, "train": train},
+            desc="windows" + (" (train)" if train else ""),
+        )
+
+    def _drop_or_fail_mismatches(self, examples: Dataset) -> Dataset:
+        bad = find_answer_mismatches(examples)
+        if not bad:
+            return examples
+        first = examples[bad[0]]
+        text, start = first["answers"]["text"][0], first["answers"]["answer_start"][0]
+        found = first["context"][max(start, 0) : max(start, 0) + len(text)]
+        message = (
+            f"{len(bad)} training example(s) have an answer text that does not match the context at answer_start; "
+            f"the first is example {bad[0]} (id {first['id']!r}): answer {text!r} at {start}, context there reads {found!r}"
+        )
+        if self.options.answer_mismatch == "error":
+            raise DataError(message + ". Fix the data or set qa.answer_mismatch=skip to leave them out of training")
+        logger.warning("%s; skipping them (qa.answer_mismatch=skip)", message)
+        keep = sorted(set(range(len(examples))) - set(bad))
+        if not keep:
+            raise DataError(message + "; no training example is left")
+        return examples.select(keep)
+
+    def collator(self, *, train: bool):
+        return QACollator(self.tokenizer)
+
+    def predict_step(self, model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        batch = {key: value for key, value in batch.items() if key not in ("start_positions", "end_positions")}
+        outputs = model(**batch)
+        return {"start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
+
+    def postprocess(self, outputs: dict[str, np.ndarray], features: Dataset, examples: Dataset) -> list[dict[str, Any]]:
+        options = self.options
+        return postprocess_qa_predictions(
+            examples["context"], features["example_index"], features["offset_mapping"],
+            outputs["start_logits"], outputs["end_logits"], features["cls_index"],
+            n_best_size=options.n_best_size, max_answer_length=options.max_answer_length,
+            version_2_with_negative=options.version_2_with_negative, null_score_diff_threshold=options.null_score_diff_threshold,
+        )
+
+    def compute_metrics(self, predictions: list[dict[str, Any]], examples: Dataset) -> dict[str, float]:
+        v2 = self.options.version_2_with_negative
+        if self._metric is None:
+            self._metric = load_metric("squad_v2" if v2 else "squad")
+        references = [{"id": str(i), "answers": answers} for i, answers in enumerate(examples["answers"])]
+        # Row numbers, not ids, key the metric: ids need not be unique across files.
+        predicted = [{"id": str(i), "prediction_text": p["prediction_text"]} for i, p in enumerate(predictions)]
+        if not v2:
+            return self._metric.compute(predictions=predicted, references=references)
+        for row, prediction in zip(predicted, predictions):
+            row["no_answer_probability"] = prediction["no_answer_probability"]
+        scores = self._metric.compute(predictions=predicted, references=references)
+        scores["exact_match"] = scores.pop("exact")
+        return scores
+
+    def format_predictions(self, predictions: list[dict[str, Any]], examples: Dataset) -> list[dict[str, Any]]:
+        rows = []
+        for identifier, question, prediction in zip(examples["id"], examples["question"], predictions):
+            row = {
+                "id": identifier, "question": question, "answer": prediction["prediction_text"],
+                "score": round(prediction["score"], 6), "start": prediction["start"], "end": prediction["end"],
+            }
+            if self.options.version_2_with_negative:
+                row["no_answer_probability"] = round(prediction["no_answer_probability"], 6)
+            rows.append(row)
+        return rows
+
+    def save_artifacts(self, predictions: list[dict[str, Any]], examples: Dataset, run_dir: str) -> None:
+        """``predictions.json`` {id: text}, ``nbest_predictions.json`` {id: [candidates]} and, for v2,
+        ``null_odds.json`` {id: no-answer probability} (the official v2 script's ``--na-prob-file``)."""
+        run_dir = Path(run_dir)
+        ids = examples["id"]
+        write_json(run_dir / "predictions.json", {qid: p["prediction_text"] for qid, p in zip(ids, predictions)})
+        write_json(run_dir / "nbest_predictions.json", {qid: p["nbest"] for qid, p in zip(ids, predictions)})
+        if self.options.version_2_with_negative:
+            write_json(run_dir / "null_odds.json", {qid: p["no_answer_probability"] for qid, p in zip(ids, predictions)})
