@@ -178,7 +178,7 @@ class ClassificationTask:
         data = self.config.data
         labelled = self.label_column in examples.column_names
         if labelled:
-            examples = examples.add_column("__labels", self._label_ids(examples, "train" if train else data.eval_split))
+            examples = examples.add_column("__labels", self._label_ids(examples, data.train_split if train else data.eval_split))
         return examples.map(
             _tokenize, batched=True, remove_columns=examples.column_names, num_proc=data.preprocessing_num_workers,
             fn_kwargs={

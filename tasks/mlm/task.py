@@ -233,7 +233,7 @@ class MlmTask:
         token_rows = encoded["input_ids"]
         template = special_template(tokenizer)
         length = self.config.data.max_seq_length
-        split = "train" if train else self.config.data.eval_split
+        split = self.config.data.train_split if train else self.config.data.eval_split
         columns: dict[str, list] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "special_tokens_mask": [], "word_ids": []}
         if self.options.next_sentence_prediction:
             rng = np.random.default_rng([self.config.seed, 0 if train else 1])

@@ -100,3 +100,18 @@ def test_classification_tokenisation_is_cached(tmp_path, tiny_bert):
     first = task.preprocess(raw["train"], train=True)
     second = task.preprocess(raw["train"], train=True)
     assert first.cache_files and first.cache_files == second.cache_files
+
+
+def test_classification_label_error_names_the_configured_train_split(tmp_path, tiny_bert):
+    """The message names ``data.train_split`` as configured, not a literal "train"."""
+    fit = write_jsonl(tmp_path / "fit.jsonl", [{"text": "a", "label": "x"}, {"text": "c", "label": "z"}])
+    dev = write_jsonl(tmp_path / "dev.jsonl", [{"text": "a", "label": "x"}])
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(f"task: classification\noutput_dir: {tmp_path / 'run'}\nmodel:\n  name_or_path: {tiny_bert}\n"
+                           f"data:\n  files:\n    fit: {fit}\n    dev: {dev}\n  train_split: fit\n  eval_split: dev\n"
+                           "classification:\n  label_names: [x, y]\n")
+    task = ClassificationTask(load_config(config_path, [], lambda name: get_task(name).Options))
+    raw = task.load()
+    task.build_tokenizer(raw)
+    with pytest.raises(DataError, match=r"split 'fit', row 2 .*label 'z' is not in the label set"):
+        task.preprocess(raw["fit"], train=True)
