@@ -16,7 +16,7 @@ import yaml
 pytest.importorskip("onnxruntime")
 
 from tasks.cli import main  # noqa: E402
-from tests.conftest import build_tiny_bert, classification_config, sentiment_rows, write_jsonl  # noqa: E402
+from tests.conftest import classification_config  # noqa: E402
 
 PINNED = ["train.mixed_precision='no'", "train.torch_num_threads=1", "train.eval_steps=null"]
 
@@ -37,14 +37,9 @@ def expect_error(capsys, *args: str, naming: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_bert, sentiment_files):
     root = tmp_path_factory.mktemp("edge-cli")
-    tiny = build_tiny_bert(root / "tiny")
-    files = {
-        "train": write_jsonl(root / "train.jsonl", sentiment_rows(96, seed=1)),
-        "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(37, seed=2)),
-    }
-    config = classification_config(root, tiny, files, run_name="run")
+    config = classification_config(root, tiny_bert, sentiment_files, run_name="run")
     assert cli("train", config, *PINNED, "train.max_steps=60") == 0
     inputs = root / "inputs.txt"
     inputs.write_text("the film was superb\nawful and dull plot\ngrim sad story\n")

@@ -19,7 +19,7 @@ from pipelines.distill import (
     DistillError, distill_config, hidden_layer_map, mean_teacher_kl, shrink_to_layers, soft_target_kl, teacher_layer_choice,
 )
 from tasks import get_task
-from tests.conftest import build_tiny_bert, classification_config, sentiment_rows, write_jsonl
+from tests.conftest import build_tiny_bert, classification_config, sentiment_rows
 from tests.test_cli_ner import ner_sentences, toy_ner_config, toy_ner_model
 
 PINNED = ["train.mixed_precision='no'", "train.torch_num_threads=1", "train.eval_steps=null"]
@@ -72,14 +72,9 @@ def test_distill_shrink_keeps_the_chosen_teacher_layers(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def classification_teacher(tmp_path_factory):
+def classification_teacher(tmp_path_factory, tiny_bert, sentiment_files):
     root = tmp_path_factory.mktemp("distill-cls")
-    tiny = build_tiny_bert(root / "tiny")
-    files = {
-        "train": write_jsonl(root / "train.jsonl", sentiment_rows(96, seed=1)),
-        "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(37, seed=2)),
-    }
-    path = classification_config(root, tiny, files, run_name="teacher")
+    path = classification_config(root, tiny_bert, sentiment_files, run_name="teacher")
     train_config(load_config(path, [*PINNED, "train.max_steps=96"], options_for))
     return root, path, root / "teacher"
 
