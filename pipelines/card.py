@@ -1,7 +1,8 @@
 """Model card (``README.md`` in the run directory), built with huggingface_hub's ``ModelCard``.
 
-In:  the resolved config, the task's pipeline tag, the final metrics (``metrics.json``) and the
-     name the model goes by (the run folder, or the Hub repo id when publishing).
+In:  the resolved config, the task (its ``pipeline_tag``, ``auto_model_class`` and card usage
+     attributes), the final metrics (``metrics.json``) and the name the model goes by (the run
+     folder, or the Hub repo id when publishing).
 Out: ``README.md`` whose YAML metadata the Hub parses -- base model, datasets, language, license,
      tags, pipeline tag, library (``peft`` for an adapter) and a ``model-index`` of the final
      ``eval_*`` metrics under the Hub's metric ids (``accuracy``, ``f1``, ``exact_match``,
@@ -16,11 +17,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from pipelines.config import RunConfig
+
+if TYPE_CHECKING:
+    from pipelines.task import Task
 
 # Bookkeeping that the evaluation loop reports next to the metrics.
 _SKIPPED_METRICS = {"eval_samples", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
@@ -28,23 +32,9 @@ _SKIPPED_METRICS = {"eval_samples", "eval_runtime", "eval_samples_per_second", "
 _HUB_METRIC_IDS = {"pearson": "pearsonr", "exact": "exact_match", "em": "exact_match", "sacrebleu": "bleu", "ppl": "perplexity"}
 _AVERAGES = ("macro", "micro", "weighted", "samples")
 
-# Auto class per pipeline tag, for the snippets of tags transformers 5 has no pipeline for.
-_AUTO_CLASSES = {
-    "text-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "question-answering": "AutoModelForQuestionAnswering",
-    "fill-mask": "AutoModelForMaskedLM",
-    "translation": "AutoModelForSeq2SeqLM",
-    "summarization": "AutoModelForSeq2SeqLM",
-    "text2text-generation": "AutoModelForSeq2SeqLM",
-    "text-generation": "AutoModelForCausalLM",
-}
-_PIPELINE_EXAMPLES = {
-    "text-classification": '"a gripping, beautifully acted film"',
-    "token-classification": '"Angela Merkel visited Paris in May."',
-    "fill-mask": 'f"Paris is the {predictor.tokenizer.mask_token} of France."',
-    "text-generation": '"Once upon a time"',
-}
+# The card's usage without a pipeline, for a task that names no code of its own.
+_GENERIC_MODEL_USAGE = """inputs = tokenizer("Hello world", return_tensors="pt")
+outputs = model(**inputs)"""
 
 
 def hub_metric(name: str) -> tuple[str, str | None]:
@@ -99,9 +89,9 @@ def _versions(adapter: bool) -> str:
     return "\n".join(f"- {name} {module.__version__}" for name, module in modules)
 
 
-def usage_snippet(task_tag: str, model_name: str, *, base_model: str | None, adapter: bool) -> str:
-    """Python that loads the model for its task: ``pipeline()`` where transformers has one."""
-    auto_class = _AUTO_CLASSES.get(task_tag, "AutoModel")
+def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool) -> str:
+    """Python that loads the model for its task: ``pipeline()`` where the task names its input."""
+    auto_class = task.auto_model_class.__name__
     if adapter:
         # transformers' own adapter loading builds the base from the base checkpoint's config,
         # which lacks the trained head's label maps: load the base under this repo's config.
@@ -121,32 +111,17 @@ model = {auto_class}.from_pretrained("{model_name}")
 tokenizer = AutoTokenizer.from_pretrained("{model_name}")
 """
         model_argument = f'model="{model_name}"'
-    if task_tag in _PIPELINE_EXAMPLES:
+    if task.card_pipeline_input is not None:
         usage = f"""from transformers import pipeline
 
-predictor = pipeline("{task_tag}", {model_argument})
-print(predictor({_PIPELINE_EXAMPLES[task_tag]}))"""
+predictor = pipeline("{task.pipeline_tag}", {model_argument})
+print(predictor({task.card_pipeline_input}))"""
         return usage if not adapter else load + "\n" + usage
-    if task_tag == "question-answering":
-        usage = """import torch
-
-inputs = tokenizer("Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare.", return_tensors="pt")
-with torch.no_grad():
-    outputs = model(**inputs)
-start, end = int(outputs.start_logits.argmax()), int(outputs.end_logits.argmax())
-print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
-    elif _AUTO_CLASSES.get(task_tag) == "AutoModelForSeq2SeqLM":
-        usage = """inputs = tokenizer(["A man is riding a bicycle."], return_tensors="pt")
-generated = model.generate(**inputs, max_new_tokens=64, num_beams=4)
-print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
-    else:
-        usage = """inputs = tokenizer("Hello world", return_tensors="pt")
-outputs = model(**inputs)"""
-    return load + "\n" + usage
+    return load + "\n" + (task.card_model_usage or _GENERIC_MODEL_USAGE)
 
 
 def build_model_card(
-    config: RunConfig, task_tag: str, metrics: dict[str, Any], *, model_name: str, adapter: bool | None = None
+    config: RunConfig, task: Task, metrics: dict[str, Any], *, model_name: str, adapter: bool | None = None
 ) -> ModelCard:
     """The card for a run; ``adapter`` (default: the run used ``model.peft``) selects the peft variant."""
     adapter = config.model.peft is not None if adapter is None else adapter
@@ -163,9 +138,9 @@ def build_model_card(
         language=config.hub.language,
         license=config.hub.license,
         library_name="peft" if adapter else "transformers",
-        pipeline_tag=task_tag,
+        pipeline_tag=task.pipeline_tag,
         tags=list(dict.fromkeys(tags)),
-        eval_results=eval_results(config, task_tag, metrics) or None,
+        eval_results=eval_results(config, task.pipeline_tag, metrics) or None,
     )
     hyperparameters = "\n".join(
         f"- {key}: {value}" for key, value in config.train.model_dump().items() if value not in (None, [], {})
@@ -184,7 +159,7 @@ def build_model_card(
         f"not a full model: load it on top of `{base_model or source}` with peft as shown below.\n"
         if adapter else ""
     )
-    snippet = usage_snippet(task_tag, model_name, base_model=base_model or source, adapter=adapter)
+    snippet = usage_snippet(task, model_name, base_model=base_model or source, adapter=adapter)
     body = f"""
 # {model_name}
 
@@ -214,8 +189,8 @@ Trained with bertpipe (`task: {config.task}`) from {origin} on {data}.
     return ModelCard.from_template(card_data, template_str="---\n{{ card_data }}\n---\n" + body)
 
 
-def write_model_card(run_dir: str | Path, config: RunConfig, task, metrics: dict[str, Any]) -> Path:
-    card = build_model_card(config, task.pipeline_tag, metrics, model_name=Path(run_dir).resolve().name)
+def write_model_card(run_dir: str | Path, config: RunConfig, task: Task, metrics: dict[str, Any]) -> Path:
+    card = build_model_card(config, task, metrics, model_name=Path(run_dir).resolve().name)
     path = Path(run_dir) / "README.md"
     card.save(path)
     return path

@@ -271,7 +271,7 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         from pipelines.publish import publish_run
 
         result = publish_run(
-            args.run_dir, config, get_task(config.task).pipeline_tag,
+            args.run_dir, config, get_task(config.task)(config),
             repo_id=args.repo_id or config.hub.repo_id,
             private=config.hub.private if args.private is None else args.private,
             revision=args.revision or config.hub.revision, commit_message=args.commit_message,

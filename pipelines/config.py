@@ -40,7 +40,7 @@ class TaskOptions(Section):
 class PeftConfig(Section):
     """Parameter-efficient fine-tuning: freeze the base model, train small adapters plus the task head.
 
-    Works for every task: the peft task type comes from the task's ``pipeline_tag`` and the
+    Works for every task: the peft task type is the task's ``peft_task_type`` and the
     defaults for ``target_modules`` / ``modules_to_save`` from the architecture
     (:func:`pipelines.modeling.apply_peft`).
     """

@@ -57,12 +57,6 @@ EXPORT_FILE = "export.json"
 ONNX_FILE = "model.onnx"
 MIN_OPSET = 18
 DEFAULT_OPSET = 18
-# The encoder tasks and the outputs their heads return; generation (translation) and MLM are not exported.
-EXPORTABLE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "text-classification": ("logits",),
-    "token-classification": ("logits",),
-    "question-answering": ("start_logits", "end_logits"),
-}
 # Float arithmetic that int8 dynamic quantisation leaves in fp32 (counted for export.json).
 _FLOAT_COMPUTE_OPS = ("MatMul", "Gemm", "Gather", "LayerNormalization", "Softmax", "Erf", "Tanh", "Add", "Mul", "Div", "Sub")
 
@@ -277,11 +271,11 @@ def export_run(
 ) -> dict[str, Any]:
     """Export ``run_dir`` to ``out_dir`` (see the module docstring); returns what ``export.json`` holds."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    output_names = EXPORTABLE_OUTPUTS.get(task.pipeline_tag)
-    if output_names is None:
+    output_names = task.onnx_outputs
+    if not output_names:
         raise ExportError(
             f"task {config.task!r} ({task.pipeline_tag}) cannot be exported to ONNX; exportable: encoder tasks "
-            f"with {', '.join(sorted(EXPORTABLE_OUTPUTS))} heads (classification, ner, qa)"
+            "whose heads return logits (classification, ner, qa)"
         )
     if quantize not in (None, "int8"):
         raise ExportError(f"--quantize {quantize!r} is not supported; choose int8")

@@ -8,7 +8,7 @@ Out: a fast tokenizer and a ``PreTrainedModel`` with label maps stored in its co
      other shape mismatch stays an error.
 
 PEFT: :func:`apply_peft` wraps a task model in a ``PeftModel`` (LoRA or IA3) whose peft task type
-comes from the task's ``pipeline_tag`` and whose adapter targets and fully trained modules default
+is the task's ``peft_task_type`` and whose adapter targets and fully trained modules default
 per architecture. An adapter run directory (``adapter_config.json`` + ``adapter_model.safetensors``
 + the task model's ``config.json`` with its label maps) loads back through :func:`load_model`:
 base weights from the base id recorded in the adapter config (resolved through the mirror), then
@@ -242,33 +242,20 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 MERGED_DIR = "merged"
 
-# pipeline_tag -> peft TaskType name. fill-mask has no peft task type: a plain PeftModel, with the
-# MLM head kept trainable through modules_to_save.
-PEFT_TASK_TYPES: dict[str, str | None] = {
-    "text-classification": "SEQ_CLS",
-    "token-classification": "TOKEN_CLS",
-    "question-answering": "QUESTION_ANS",
-    "translation": "SEQ_2_SEQ_LM",
-    "summarization": "SEQ_2_SEQ_LM",
-    "text2text-generation": "SEQ_2_SEQ_LM",
-    "text-generation": "CAUSAL_LM",
-    "feature-extraction": "FEATURE_EXTRACTION",
-    "fill-mask": None,
-}
-
 # What peft adapts in a model type its own tables do not list: every linear layer of the model but the
 # output layer (peft resolves the name against the model itself).
 ALL_LINEAR = "all-linear"
 
 
-def peft_task_type(pipeline_tag: str):
-    """The peft ``TaskType`` for a task's ``pipeline_tag`` (None for fill-mask)."""
+def peft_task_type(name: str | None):
+    """The peft ``TaskType`` a task names (its ``peft_task_type``); None stays None (a plain ``PeftModel``)."""
     from peft import TaskType
 
-    if pipeline_tag not in PEFT_TASK_TYPES:
-        raise ModelError(f"no peft task type for pipeline_tag {pipeline_tag!r}; known: {', '.join(sorted(PEFT_TASK_TYPES))}")
-    name = PEFT_TASK_TYPES[pipeline_tag]
-    return None if name is None else TaskType[name]
+    if name is None:
+        return None
+    if name not in TaskType.__members__:
+        raise ModelError(f"no peft task type {name!r}; peft knows: {', '.join(TaskType.__members__)}")
+    return TaskType[name]
 
 
 def _component_types(config: PretrainedConfig) -> list[str]:
@@ -365,15 +352,14 @@ def base_model_id(model: ModelConfig) -> str | None:
     return str(local.resolve()) if local.exists() else model.name_or_path
 
 
-def build_peft_config(model: PreTrainedModel, peft: PeftConfig, pipeline_tag: str, *, base_model_name_or_path: str | None):
-    """The peft ``LoraConfig``/``IA3Config`` for ``model`` under ``peft`` settings and the task's tag."""
+def build_peft_config(model: PreTrainedModel, peft: PeftConfig, task_type: str | None, *, base_model_name_or_path: str | None):
+    """The peft ``LoraConfig``/``IA3Config`` for ``model`` under ``peft`` settings and the task's peft task type."""
     from peft import IA3Config, LoraConfig
 
-    task_type = peft_task_type(pipeline_tag)
     target_modules = peft.target_modules if peft.target_modules is not None else default_target_modules(model.config, peft.method)
     modules_to_save = peft.modules_to_save if peft.modules_to_save is not None else default_modules_to_save(model)
     common = {
-        "task_type": task_type,
+        "task_type": peft_task_type(task_type),
         "target_modules": target_modules,
         # peft's task-type wrappers add their own head names on top (SEQ_CLS/TOKEN_CLS: classifier,
         # score; QUESTION_ANS: qa_outputs); names a model lacks are ignored.
@@ -386,9 +372,10 @@ def build_peft_config(model: PreTrainedModel, peft: PeftConfig, pipeline_tag: st
     return LoraConfig(r=peft.r, lora_alpha=peft.alpha, lora_dropout=peft.dropout, **common)
 
 
-def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, pipeline_tag: str, *, base_model_name_or_path: str | None = None):
+def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str | None, *, base_model_name_or_path: str | None = None):
     """Wrap ``model`` for parameter-efficient training; returns it unchanged when ``peft`` is None.
 
+    ``task_type`` is the task's ``peft_task_type`` (``SEQ_CLS``, ...; None for a plain ``PeftModel``).
     Only the adapters and ``modules_to_save`` keep ``requires_grad``; the base weights are frozen.
     """
     if peft is None:
@@ -397,7 +384,7 @@ def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, pipeline_tag: st
         raise ModelError("model.peft adapts a pretrained model: set model.name_or_path (a Hub id or folder)")
     from peft import get_peft_model
 
-    config = build_peft_config(model, peft, pipeline_tag, base_model_name_or_path=base_model_name_or_path)
+    config = build_peft_config(model, peft, task_type, base_model_name_or_path=base_model_name_or_path)
     try:
         wrapped = get_peft_model(model, config)
     except ValueError as error:  # e.g. "Target modules {...} not found in the base model"

@@ -1,7 +1,7 @@
 """Publishing a finished run to the Hugging Face Hub.
 
-In:  a finished run directory (``metrics.json`` present), its resolved config, the task's pipeline
-     tag, a repo id and the push flags. The token comes from ``HF_TOKEN`` or the user's
+In:  a finished run directory (``metrics.json`` present), its resolved config, its task (for the
+     model card), a repo id and the push flags. The token comes from ``HF_TOKEN`` or the user's
      ``hf auth login`` through huggingface_hub itself: bertpipe never reads, passes or writes it.
 Out: the staged folder -- the publishable files of the run (model or adapter weights and configs,
      tokenizer, ``metrics.json``, eval results, the resolved ``config.yaml``, training curves) and a
@@ -19,11 +19,15 @@ import socket
 import tempfile
 from urllib.parse import urlparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines.card import build_model_card
 from pipelines.config import RunConfig
 from pipelines.modeling import MERGED_DIR, is_adapter_dir
 from pipelines.outputs import METRICS_FILE
+
+if TYPE_CHECKING:
+    from pipelines.task import Task
 
 # Top-level files of a run that make up a model repository.
 PUBLISH_PATTERNS = [
@@ -51,7 +55,7 @@ def publishable_files(folder: Path, allow: list[str]) -> list[str]:
     return list(filter_repo_objects(names, allow_patterns=allow, ignore_patterns=IGNORE_PATTERNS))
 
 
-def stage_run(run_dir: str | Path, config: RunConfig, task_tag: str, out_dir: str | Path, *, repo_id: str, merged: bool = False) -> list[str]:
+def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str | Path, *, repo_id: str, merged: bool = False) -> list[str]:
     """Copy what would be uploaded into ``out_dir`` (plus a card for ``repo_id``); returns the file names."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / METRICS_FILE).is_file():
@@ -73,7 +77,7 @@ def stage_run(run_dir: str | Path, config: RunConfig, task_tag: str, out_dir: st
             shutil.copy2(folder / name, out_dir / name)
             staged.append(name)
     adapter = is_adapter_dir(run_dir) and not merged
-    card = build_model_card(config, task_tag, json.loads((run_dir / METRICS_FILE).read_text()), model_name=repo_id, adapter=adapter)
+    card = build_model_card(config, task, json.loads((run_dir / METRICS_FILE).read_text()), model_name=repo_id, adapter=adapter)
     card.save(out_dir / "README.md")
     return sorted([*staged, "README.md"])
 
@@ -108,7 +112,7 @@ def _check_can_push() -> None:
 
 
 def publish_run(
-    run_dir: str | Path, config: RunConfig, task_tag: str, *, repo_id: str | None, private: bool = True,
+    run_dir: str | Path, config: RunConfig, task: Task, *, repo_id: str | None, private: bool = True,
     revision: str | None = None, commit_message: str | None = None, dry_run: bool = False, out: str | Path | None = None,
     merged: bool = False,
 ) -> dict:
@@ -118,7 +122,7 @@ def publish_run(
     if dry_run:
         if out is None:
             raise PublishError("--dry-run needs --out DIR to write the folder that would be uploaded")
-        files = stage_run(run_dir, config, task_tag, out, repo_id=repo_id, merged=merged)
+        files = stage_run(run_dir, config, task, out, repo_id=repo_id, merged=merged)
         return {"repo_id": repo_id, "dry_run": True, "folder": str(out), "files": files}
 
     _check_can_push()
@@ -129,7 +133,7 @@ def publish_run(
     api = HfApi()
     message = commit_message or f"Upload {Path(run_dir).resolve().name} trained with bertpipe"
     with tempfile.TemporaryDirectory(prefix="bertpipe-publish-") as staging:
-        files = stage_run(run_dir, config, task_tag, staging, repo_id=repo_id, merged=merged)
+        files = stage_run(run_dir, config, task, staging, repo_id=repo_id, merged=merged)
         try:
             url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
             if revision:

@@ -13,6 +13,9 @@ this order:
     compute_metrics(predictions, examples)   -> flat {name: float} (no ``eval_`` prefix)
     format_predictions(predictions, examples) -> one JSON-able dict per example (``bertpipe predict``)
 
+The class attributes carry the facts ``pipelines/`` needs about a task (Auto class, peft task type,
+ONNX outputs, model-card usage), so a new task needs no edit there.
+
 There is no training hook: ``model(**batch).loss`` is the whole training step. Shared helpers are
 plain functions in ``pipelines/``; tasks do not inherit implementation from each other.
 """
@@ -39,6 +42,17 @@ class Task(Protocol):
     """Pad value per ``predict_step`` output when batches of different lengths are joined."""
     higher_is_better: ClassVar[dict[str, bool]]
     """Direction of each metric, for best-model selection."""
+    auto_model_class: ClassVar[type]
+    """The transformers Auto class that loads a finished run (named in the model card's usage snippet)."""
+    peft_task_type: ClassVar[str | None]
+    """The peft ``TaskType`` member name for ``model.peft`` (``SEQ_CLS``...); None: a plain ``PeftModel``."""
+    onnx_outputs: ClassVar[tuple[str, ...]]
+    """The model outputs ``bertpipe export`` writes to ONNX; empty: the task cannot be exported."""
+    card_pipeline_input: ClassVar[str | None]
+    """A Python expression the model card passes to ``pipeline(pipeline_tag)``; None where transformers
+    has no pipeline for the task (the card then shows ``card_model_usage``)."""
+    card_model_usage: ClassVar[str | None]
+    """Python the model card runs on ``model`` and ``tokenizer`` when there is no pipeline to show."""
 
     config: RunConfig
     tokenizer: PreTrainedTokenizerBase | None
@@ -64,6 +78,10 @@ class Task(Protocol):
     def compute_metrics(self, predictions: Any, examples: Dataset) -> dict[str, float]: ...
 
     def format_predictions(self, predictions: Any, examples: Dataset) -> list[dict[str, Any]]: ...
+
+    def pipeline_inputs(self, examples: Dataset) -> list[Any] | None:
+        """What ``pipeline(pipeline_tag)`` takes for ``examples`` (from ``load_inputs``), for the prediction
+        benchmark; None where the pipeline's outputs are not one ``label`` and ``score`` per example."""
 
     def save_artifacts(self, predictions: Any, examples: Dataset, run_dir: str) -> None: ...
 

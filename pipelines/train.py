@@ -97,7 +97,7 @@ def train(
         train_features = _preprocess(task, train_examples, config, config.data.train_split, train=True)
         eval_features = _preprocess(task, eval_examples, config, config.data.eval_split, train=False)
 
-    model = apply_peft(task.build_model(raw), config.model.peft, task.pipeline_tag, base_model_name_or_path=base_model_id(config.model))
+    model = apply_peft(task.build_model(raw), config.model.peft, task.peft_task_type, base_model_name_or_path=base_model_id(config.model))
     for split, features in ((config.data.train_split, train_features), (config.data.eval_split, eval_features)):
         check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
 
@@ -291,7 +291,7 @@ def train(
     if config.hub.push and accelerator.is_main_process:
         from pipelines.publish import publish_run
 
-        publish_run(run_dir, config, task.pipeline_tag, repo_id=config.hub.repo_id, private=config.hub.private,
+        publish_run(run_dir, config, task, repo_id=config.hub.repo_id, private=config.hub.private,
                     revision=config.hub.revision)
     return summary
 

@@ -47,6 +47,11 @@ class ClassificationTask:
     pipeline_tag: ClassVar[str] = "text-classification"
     output_pad_values: ClassVar[dict[str, float]] = {}
     higher_is_better: ClassVar[dict[str, bool]] = {"mse": False, "loss": False}
+    auto_model_class: ClassVar[type] = AutoModelForSequenceClassification
+    peft_task_type: ClassVar[str | None] = "SEQ_CLS"
+    onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
+    card_pipeline_input: ClassVar[str | None] = '"a gripping, beautifully acted film"'
+    card_model_usage: ClassVar[str | None] = None
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -159,7 +164,7 @@ class ClassificationTask:
 
     def build_model(self, raw, model_path: str | None = None):
         if model_path is not None:
-            model = load_model(AutoModelForSequenceClassification, self.config.model, model_path=model_path)
+            model = load_model(self.auto_model_class, self.config.model, model_path=model_path)
             self.problem_type = {v: k for k, v in _HF_PROBLEM_TYPE.items()}.get(model.config.problem_type, "single_label")
             self.label_names = None if self.problem_type == "regression" else [model.config.id2label[i] for i in range(model.config.num_labels)]
             return model
@@ -172,7 +177,7 @@ class ClassificationTask:
                 "label2id": {name: index for index, name in enumerate(self.label_names)},
                 "problem_type": _HF_PROBLEM_TYPE[self.problem_type],
             }
-        return load_model(AutoModelForSequenceClassification, self.config.model, label_maps=label_maps)
+        return load_model(self.auto_model_class, self.config.model, label_maps=label_maps)
 
     def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
         data = self.config.data
@@ -271,6 +276,11 @@ class ClassificationTask:
                 row["scores"] = {name: round(float(p), 6) for name, p in zip(self.label_names, probabilities)}
             rows.append(row)
         return rows
+
+    def pipeline_inputs(self, examples: Dataset) -> list[Any]:
+        texts = list(examples[self.text_column])
+        pair_column = self.config.data.text_pair_column
+        return [{"text": t, "text_pair": p} for t, p in zip(texts, examples[pair_column])] if pair_column else texts
 
     def save_artifacts(self, predictions, examples: Dataset, run_dir: str) -> None:
         """Classification has nothing beyond the model and metrics to save."""

@@ -83,6 +83,11 @@ class NerTask:
     pipeline_tag: ClassVar[str] = "token-classification"
     output_pad_values: ClassVar[dict[str, float]] = {"tag_ids": IGNORE_INDEX, "tag_scores": 0.0}
     higher_is_better: ClassVar[dict[str, bool]] = {"loss": False}
+    auto_model_class: ClassVar[type] = AutoModelForTokenClassification
+    peft_task_type: ClassVar[str | None] = "TOKEN_CLS"
+    onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
+    card_pipeline_input: ClassVar[str | None] = '"Angela Merkel visited Paris in May."'
+    card_model_usage: ClassVar[str | None] = None
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -254,7 +259,7 @@ class NerTask:
 
     def build_model(self, raw, model_path: str | None = None):
         if model_path is not None:
-            model = load_model(AutoModelForTokenClassification, self.config.model, model_path=model_path)
+            model = load_model(self.auto_model_class, self.config.model, model_path=model_path)
             self.label_names = [model.config.id2label[i] for i in range(model.config.num_labels)]
             return model
         label_maps = {
@@ -262,7 +267,7 @@ class NerTask:
             "id2label": dict(enumerate(self.label_names)),
             "label2id": {name: index for index, name in enumerate(self.label_names)},
         }
-        return load_model(AutoModelForTokenClassification, self.config.model, label_maps=label_maps)
+        return load_model(self.auto_model_class, self.config.model, label_maps=label_maps)
 
     @property
     def max_length(self) -> int:
@@ -358,6 +363,9 @@ class NerTask:
             row["entities"] = entities
             rows.append(row)
         return rows
+
+    def pipeline_inputs(self, examples: Dataset) -> None:
+        return None  # pipeline('token-classification') returns entity lists, not one label per input
 
     def save_artifacts(self, predictions, examples: Dataset, run_dir: str) -> None:
         """Write the eval split's word-level predictions as CoNLL columns (token, gold, predicted)."""

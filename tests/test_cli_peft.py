@@ -206,11 +206,12 @@ def test_publish_without_token_is_a_publish_error(lora_run, monkeypatch, tmp_pat
     from pipelines.outputs import load_saved_config
     from pipelines.config import load_config
     from pipelines.publish import PublishError, publish_run
+    from tasks import get_task
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login either
     config = load_config(None, [], base=load_saved_config(lora_run) | {"classification": {}})
     with pytest.raises(PublishError, match="HF_TOKEN"):
-        publish_run(lora_run, config, "text-classification", repo_id="someone/tiny-lora")
+        publish_run(lora_run, config, get_task("classification")(config), repo_id="someone/tiny-lora")
     with pytest.raises(PublishError, match="OWNER/NAME"):
-        publish_run(lora_run, config, "text-classification", repo_id="no-owner", dry_run=True, out=tmp_path / "x")
+        publish_run(lora_run, config, get_task("classification")(config), repo_id="no-owner", dry_run=True, out=tmp_path / "x")

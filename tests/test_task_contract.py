@@ -42,6 +42,21 @@ def test_every_task_has_every_class_attribute_of_the_protocol(task_name):
 
 
 @pytest.mark.parametrize("task_name", TASK_NAMES)
+def test_every_task_carries_the_facts_pipelines_would_otherwise_look_up_by_tag(task_name):
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    from pipelines.modeling import peft_task_type
+
+    task = get_task(task_name)
+    assert issubclass(task.auto_model_class, _BaseAutoModelClass)
+    peft_task_type(task.peft_task_type)  # a peft TaskType member name, or None
+    assert isinstance(task.onnx_outputs, tuple) and all(isinstance(name, str) for name in task.onnx_outputs)
+    # The model card shows either a pipeline() call on an input, or code on model and tokenizer, and it compiles.
+    assert (task.card_pipeline_input is None) != (task.card_model_usage is None)
+    compile(task.card_model_usage or f"print({task.card_pipeline_input})", task_name, "exec")
+
+
+@pytest.mark.parametrize("task_name", TASK_NAMES)
 def test_every_task_implements_every_method_of_the_protocol_with_its_parameters(task_name):
     task = get_task(task_name)
     for name in METHODS:

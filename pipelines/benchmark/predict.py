@@ -1,6 +1,6 @@
-"""Prediction benchmark: ``bertpipe predict`` against ``transformers.pipeline("text-classification")``.
+"""Prediction benchmark: ``bertpipe predict`` against ``transformers.pipeline(task.pipeline_tag)``.
 
-In:  a finished run directory, an input file (what ``bertpipe predict`` reads), overrides and repeats.
+In:  a finished run directory of a task whose ``pipeline_inputs`` are not None (classification), an input file (what ``bertpipe predict`` reads), overrides and repeats.
 Out: per setting, wall time, inputs/s and peak RSS (each run in a fresh spawned process by default), the
      agreement of the two paths' labels and scores, written as ``predict_benchmark.md`` / ``.json``.
 """
@@ -48,8 +48,8 @@ def predict_one(spec: PredictSpec, get_task: TaskLookup) -> dict[str, Any]:
     """Predict every input with a finished run, start to finish (load, tokenise, forward, write).
 
     ``bertpipe_predict`` is ``bertpipe predict``'s code path (length-sorted batches);
-    ``pipeline`` is ``transformers.pipeline("text-classification")`` with the same batch size and
-    truncation, fed the inputs in file order as a user would.
+    ``pipeline`` is ``transformers.pipeline(task.pipeline_tag)`` with the same batch size and
+    truncation, fed the task's ``pipeline_inputs`` in file order as a user would.
     """
     started = time.perf_counter()
     config, task = _finished_run(spec, get_task)
@@ -63,16 +63,14 @@ def predict_one(spec: PredictSpec, get_task: TaskLookup) -> dict[str, Any]:
     else:
         from transformers import pipeline
 
-        examples = task.load_inputs(spec.input_path)
-        texts = list(examples[config.data.text_column or "text"])  # load_inputs maps a "text" column to it
-        pair_column = config.data.text_pair_column
-        inputs = [{"text": t, "text_pair": p} for t, p in zip(texts, list(examples[pair_column]))] if pair_column else texts
-        classifier = pipeline("text-classification", model=spec.run_dir, batch_size=batch_size, device="cpu" if not has_accelerator_device() else None)
-        outputs = classifier(inputs, truncation=True, max_length=config.data.max_seq_length)
+        inputs = task.pipeline_inputs(task.load_inputs(spec.input_path))
+        predictor = pipeline(task.pipeline_tag, model=spec.run_dir, batch_size=batch_size, device="cpu" if not has_accelerator_device() else None)
+        outputs = predictor(inputs, truncation=True, max_length=config.data.max_seq_length)
         labels, scores = [row["label"] for row in outputs], [row["score"] for row in outputs]
         with open(spec.output_path, "w") as handle:
-            for text, label, score in zip(texts, labels, scores):
-                handle.write(json.dumps({"text": text, "label": label, "score": score}, ensure_ascii=False) + "\n")
+            for given, label, score in zip(inputs, labels, scores):
+                row = given if isinstance(given, dict) else {"text": given}
+                handle.write(json.dumps({**row, "label": label, "score": score}, ensure_ascii=False) + "\n")
     return {
         "setting": spec.setting, "inputs": len(labels), "batch_size": batch_size,
         "wall_time": time.perf_counter() - started, "peak_rss_mb": peak_rss_mb(), "labels": labels, "scores": scores,
@@ -94,9 +92,12 @@ def run_predict_benchmark(
 ) -> dict[str, Any]:
     """Time both prediction paths ``repeats`` times each (alternating), check they agree, write the table."""
     config, task = _finished_run(PredictSpec("bertpipe_predict", run_dir, input_path, "", tuple(overrides)), get_task)
-    if task.pipeline_tag != "text-classification":
-        raise BenchmarkError(f"--predict compares with pipeline('text-classification'); this run's task serves {task.pipeline_tag!r}")
-    task.load_inputs(input_path)  # checks the file, and fills the datasets cache both settings read it through
+    # Checks the file, and fills the datasets cache both settings read it through.
+    if task.pipeline_inputs(task.load_inputs(input_path)) is None:
+        raise BenchmarkError(
+            f"--predict compares labels and scores with pipeline({task.pipeline_tag!r}), which does not return one per input "
+            f"for task {config.task!r}; it works for classification runs"
+        )
     out = Path(output_dir or f"{run_dir.rstrip('/')}-predict-benchmark")
     out.mkdir(parents=True, exist_ok=True)
     load_at_start = os.getloadavg()

@@ -88,6 +88,13 @@ class MlmTask:
     pipeline_tag: ClassVar[str] = "fill-mask"
     output_pad_values: ClassVar[dict[str, float]] = {"top_token_ids": -1, "top_scores": 0.0}
     higher_is_better: ClassVar[dict[str, bool]] = {"perplexity": False, "loss": False}
+    # With next-sentence prediction the run is an AutoModelForPreTraining; AutoModelForMaskedLM loads it without that head.
+    auto_model_class: ClassVar[type] = AutoModelForMaskedLM
+    # peft has no fill-mask task type: a plain PeftModel, with the MLM head kept trainable through modules_to_save.
+    peft_task_type: ClassVar[str | None] = None
+    onnx_outputs: ClassVar[tuple[str, ...]] = ()
+    card_pipeline_input: ClassVar[str | None] = 'f"Paris is the {predictor.tokenizer.mask_token} of France."'
+    card_model_usage: ClassVar[str | None] = None
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -365,6 +372,9 @@ class MlmTask:
 
     def format_predictions(self, predictions: list[dict[str, Any]], examples: Dataset) -> list[dict[str, Any]]:
         return [{"text": text, **filled} for text, filled in zip(examples["text"], predictions)]
+
+    def pipeline_inputs(self, examples: Dataset) -> None:
+        return None  # pipeline('fill-mask') returns candidates per mask, not one label per input
 
     def save_artifacts(self, predictions, examples: Dataset, run_dir: str) -> None:
         """The run directory (model, tokenizer, metrics) is the whole result of pretraining."""

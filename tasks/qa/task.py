@@ -70,6 +70,18 @@ class QATask:
     # value keeps them harmless anyway.
     output_pad_values: ClassVar[dict[str, float]] = {"start_logits": -1e4, "end_logits": -1e4}
     higher_is_better: ClassVar[dict[str, bool]] = {"loss": False}
+    auto_model_class: ClassVar[type] = AutoModelForQuestionAnswering
+    peft_task_type: ClassVar[str | None] = "QUESTION_ANS"
+    onnx_outputs: ClassVar[tuple[str, ...]] = ("start_logits", "end_logits")
+    # transformers 5 has no question-answering pipeline (bertpipe registers its own, tasks.qa.pipeline).
+    card_pipeline_input: ClassVar[str | None] = None
+    card_model_usage: ClassVar[str | None] = """import torch
+
+inputs = tokenizer("Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare.", return_tensors="pt")
+with torch.no_grad():
+    outputs = model(**inputs)
+start, end = int(outputs.start_logits.argmax()), int(outputs.end_logits.argmax())
+print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -119,8 +131,8 @@ class QATask:
             "null_score_diff_threshold": self.options.null_score_diff_threshold,
         }}
         if model_path is not None:
-            return load_model(AutoModelForQuestionAnswering, self.config.model, model_path=model_path)
-        return load_model(AutoModelForQuestionAnswering, self.config.model, config_overrides={"task_specific_params": defaults})
+            return load_model(self.auto_model_class, self.config.model, model_path=model_path)
+        return load_model(self.auto_model_class, self.config.model, config_overrides={"task_specific_params": defaults})
 
     def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
         data, options = self.config.data, self.options
@@ -196,6 +208,9 @@ class QATask:
                 row["no_answer_probability"] = round(prediction["no_answer_probability"], 6)
             rows.append(row)
         return rows
+
+    def pipeline_inputs(self, examples: Dataset) -> None:
+        return None  # answers are spans, not labels
 
     def save_artifacts(self, predictions: list[dict[str, Any]], examples: Dataset, run_dir: str) -> None:
         """``predictions.json`` {id: text}, ``nbest_predictions.json`` {id: [candidates]} and, for v2,

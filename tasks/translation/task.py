@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
-from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
+from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, skip_blank_lines
@@ -37,6 +37,14 @@ class TranslationTask(TranslationModelBuilding):
     pipeline_tag: ClassVar[str] = "translation"
     output_pad_values: dict[str, float] = {GENERATED_KEY: 0}
     higher_is_better: ClassVar[dict[str, bool]] = {"bleu": True, "chrf": True, "loss": False}
+    auto_model_class: ClassVar[type] = AutoModelForSeq2SeqLM
+    peft_task_type: ClassVar[str | None] = "SEQ_2_SEQ_LM"
+    onnx_outputs: ClassVar[tuple[str, ...]] = ()  # generation is not exported
+    # transformers 5 has no translation pipeline (bertpipe registers its own, tasks.translation.pipeline).
+    card_pipeline_input: ClassVar[str | None] = None
+    card_model_usage: ClassVar[str | None] = """inputs = tokenizer(["A man is riding a bicycle."], return_tensors="pt")
+generated = model.generate(**inputs, max_new_tokens=64, num_beams=4)
+print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -159,6 +167,9 @@ class TranslationTask(TranslationModelBuilding):
     def format_predictions(self, predictions: dict[str, Any], examples: Dataset) -> list[dict[str, Any]]:
         sources = examples[self.options.source_lang]
         return [{"source": source, "translation_text": hypothesis} for source, hypothesis in zip(sources, predictions["hypotheses"])]
+
+    def pipeline_inputs(self, examples: Dataset) -> None:
+        return None  # translations are text, not labels
 
     def save_artifacts(self, predictions: dict[str, Any], examples: Dataset, run_dir: str) -> None:
         """``generations.jsonl``: source, reference, hypothesis per eval pair; the sacreBLEU signatures."""

@@ -28,6 +28,7 @@ HEADS = {
     "text-classification": AutoModelForSequenceClassification, "token-classification": AutoModelForTokenClassification,
     "question-answering": AutoModelForQuestionAnswering, "fill-mask": AutoModelForMaskedLM,
 }
+PEFT_TASK_TYPES = {"text-classification": "SEQ_CLS", "token-classification": "TOKEN_CLS", "question-answering": "QUESTION_ANS", "fill-mask": None}
 
 
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)
@@ -117,7 +118,7 @@ def test_families_lora_attaches_without_naming_target_modules(family, tag, famil
     checkpoint = family_checkpoint(family)
     labels = LABELS if tag in ("text-classification", "token-classification") else None
     model = load_model(HEADS[tag], ModelConfig(name_or_path=str(checkpoint)), label_maps=labels)
-    wrapped = apply_peft(model, PeftConfig(method="lora", r=4), tag, base_model_name_or_path=str(checkpoint))
+    wrapped = apply_peft(model, PeftConfig(method="lora", r=4), PEFT_TASK_TYPES[tag], base_model_name_or_path=str(checkpoint))
     adapted = [name for name, _ in wrapped.named_modules() if name.endswith("lora_A")]
     assert adapted, family
     trainable, total = count_parameters(wrapped)

@@ -67,7 +67,7 @@ def test_families_translation_predict_and_pipeline_agree(translation_run):
 def test_families_translation_lora_attaches_without_naming_target_modules(family, family_checkpoint):
     checkpoint = family_checkpoint(family)
     model = load_model(AutoModelForSeq2SeqLM, ModelConfig(name_or_path=str(checkpoint)))
-    wrapped = apply_peft(model, PeftConfig(method="lora", r=4), "translation", base_model_name_or_path=str(checkpoint))
+    wrapped = apply_peft(model, PeftConfig(method="lora", r=4), "SEQ_2_SEQ_LM", base_model_name_or_path=str(checkpoint))
     assert any(name.endswith("lora_A") for name, _ in wrapped.named_modules())
     trainable, total = count_parameters(wrapped)
     assert 0 < trainable < total / 2

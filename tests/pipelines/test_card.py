@@ -11,6 +11,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from pipelines.card import build_model_card, hub_metric, usage_snippet
 from pipelines.config import load_config
+from tasks import get_task
 
 
 def run_config(tmp_path, *overrides):
@@ -32,7 +33,7 @@ def test_card_model_index_round_trips_the_final_metrics(tmp_path):
     config = run_config(tmp_path, "hub.language=[en, de]", "hub.license=mit")
     metrics = {"eval_f1": 0.91, "eval_precision": 0.9, "eval_accuracy": 0.98, "eval_loss": 0.12, "eval_samples": 3453,
                "eval_runtime": 12.5, "eval_overall_f1_micro": 0.5, "eval_bad": math.nan, "train_loss": 0.3}
-    card = build_model_card(config, "token-classification", metrics, model_name="me/ner")
+    card = build_model_card(config, get_task("ner"), metrics, model_name="me/ner")
     card.save(tmp_path / "README.md")
     loaded = ModelCard.load(tmp_path / "README.md")
     parsed = {r.metric_name: r.metric_value for r in loaded.data.eval_results}
@@ -47,7 +48,7 @@ def test_card_model_index_round_trips_the_final_metrics(tmp_path):
 
 def test_card_adapter_card_names_the_base_and_loads_with_peft(tmp_path):
     config = run_config(tmp_path, "model.peft={method: lora}")
-    card = build_model_card(config, "question-answering", {"eval_exact_match": 70.0, "eval_f1": 80.0}, model_name="me/qa")
+    card = build_model_card(config, get_task("qa"), {"eval_exact_match": 70.0, "eval_f1": 80.0}, model_name="me/qa")
     assert card.data.library_name == "peft" and card.data.base_model == "bert-base-cased"
     assert "lora" in card.data.tags and "peft" in card.data.tags
     assert 'AutoModelForQuestionAnswering.from_pretrained("bert-base-cased", config=config)' in card.text
@@ -55,13 +56,17 @@ def test_card_adapter_card_names_the_base_and_loads_with_peft(tmp_path):
     assert "peft.r: 8" in card.text
 
 
-@pytest.mark.parametrize("tag, expected", [
+@pytest.mark.parametrize("task_name, expected", [
     ("translation", "model.generate(**inputs, max_new_tokens=64"),
-    ("fill-mask", 'pipeline("fill-mask", model="m/x")'),
-    ("question-answering", "outputs.start_logits.argmax()"),
+    ("mlm", 'pipeline("fill-mask", model="m/x")'),
+    ("qa", "outputs.start_logits.argmax()"),
+    ("classification", 'pipeline("text-classification", model="m/x")'),
 ])
-def test_card_usage_snippet_fits_the_task(tag, expected):
-    snippet = usage_snippet(tag, "m/x", base_model="b", adapter=False)
+def test_card_usage_snippet_fits_the_task(task_name, expected):
+    task = get_task(task_name)
+    snippet = usage_snippet(task, "m/x", base_model="b", adapter=False)
     assert expected in snippet
     compile(snippet, "snippet", "exec")  # it is valid Python
-    compile(usage_snippet(tag, "m/x", base_model="b", adapter=True), "snippet", "exec")
+    adapter_snippet = usage_snippet(task, "m/x", base_model="b", adapter=True)
+    compile(adapter_snippet, "snippet", "exec")
+    assert f"{task.auto_model_class.__name__}.from_pretrained(\"b\", config=config)" in adapter_snippet

@@ -87,11 +87,11 @@ def batch_for(kind: str) -> dict[str, torch.Tensor]:
 # kind -> (Auto class, pipeline_tag, label maps, expected modules_to_save)
 HEADS = {
     # The base is saved from an MLM model, which has no pooler: the pooler is random, so it is trained and saved too.
-    "seq-cls": (AutoModelForSequenceClassification, "text-classification", 3, ["classifier", "bert.pooler.dense"]),
-    "token-cls": (AutoModelForTokenClassification, "token-classification", 5, ["classifier"]),
-    "qa": (AutoModelForQuestionAnswering, "question-answering", None, ["qa_outputs"]),
-    "mlm": (AutoModelForMaskedLM, "fill-mask", None, ["cls.predictions.transform"]),
-    "seq2seq": (AutoModelForSeq2SeqLM, "translation", None, ["crossattention"]),
+    "seq-cls": (AutoModelForSequenceClassification, "SEQ_CLS", 3, ["classifier", "bert.pooler.dense"]),
+    "token-cls": (AutoModelForTokenClassification, "TOKEN_CLS", 5, ["classifier"]),
+    "qa": (AutoModelForQuestionAnswering, "QUESTION_ANS", None, ["qa_outputs"]),
+    "mlm": (AutoModelForMaskedLM, None, None, ["cls.predictions.transform"]),
+    "seq2seq": (AutoModelForSeq2SeqLM, "SEQ_2_SEQ_LM", None, ["crossattention"]),
 }
 
 
@@ -112,16 +112,18 @@ def outputs_of(model, batch) -> torch.Tensor:
     return out.start_logits if hasattr(out, "start_logits") else out.logits
 
 
-def test_modeling_peft_task_type_per_pipeline_tag():
+def test_modeling_peft_task_type_per_task():
     from peft import TaskType
 
-    assert peft_task_type("text-classification") == TaskType.SEQ_CLS
-    assert peft_task_type("token-classification") == TaskType.TOKEN_CLS
-    assert peft_task_type("question-answering") == TaskType.QUESTION_ANS
-    assert peft_task_type("translation") == TaskType.SEQ_2_SEQ_LM
-    assert peft_task_type("fill-mask") is None
-    with pytest.raises(ModelError, match="image-classification"):
-        peft_task_type("image-classification")
+    from tasks import get_task
+
+    assert peft_task_type(get_task("classification").peft_task_type) == TaskType.SEQ_CLS
+    assert peft_task_type(get_task("ner").peft_task_type) == TaskType.TOKEN_CLS
+    assert peft_task_type(get_task("qa").peft_task_type) == TaskType.QUESTION_ANS
+    assert peft_task_type(get_task("translation").peft_task_type) == TaskType.SEQ_2_SEQ_LM
+    assert peft_task_type(get_task("mlm").peft_task_type) is None
+    with pytest.raises(ModelError, match="IMAGE_CLASSIFICATION"):
+        peft_task_type("IMAGE_CLASSIFICATION")
 
 
 def test_modeling_default_target_modules_per_architecture():
@@ -148,7 +150,7 @@ def test_modeling_default_modules_to_save_is_the_task_head(kind, tmp_path):
 
 def test_modeling_mlm_head_keeps_its_decoder_tied_to_the_embeddings(tmp_path):
     model = load_model(AutoModelForMaskedLM, ModelConfig(name_or_path=str(save_base(tmp_path / "base", "mlm"))))
-    wrapped = apply_peft(model, PeftConfig(), "fill-mask", base_model_name_or_path="base")
+    wrapped = apply_peft(model, PeftConfig(), None, base_model_name_or_path="base")
     base = wrapped.get_base_model()
     assert base.cls.predictions.decoder.weight is base.bert.embeddings.word_embeddings.weight
     assert not base.cls.predictions.decoder.weight.requires_grad
@@ -214,7 +216,7 @@ def test_modeling_lora_wrap_train_save_reload_merge(kind, tmp_path):
 def test_modeling_ia3_trains_scaling_vectors_and_head(tmp_path):
     base_dir = save_base(tmp_path / "base", "seq-cls")
     model = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(base_dir)), label_maps=label_maps(3))
-    wrapped = apply_peft(model, PeftConfig(method="ia3"), "text-classification", base_model_name_or_path=str(base_dir))
+    wrapped = apply_peft(model, PeftConfig(method="ia3"), "SEQ_CLS", base_model_name_or_path=str(base_dir))
     trainable = [name for name, p in wrapped.named_parameters() if p.requires_grad]
     assert any("ia3_l" in name for name in trainable) and any("classifier.modules_to_save" in name for name in trainable)
     assert all("ia3_l" in name or "modules_to_save" in name for name in trainable)
@@ -226,7 +228,7 @@ def test_modeling_adapter_records_hub_id_and_reloads_through_the_mirror(tmp_path
     monkeypatch.setenv("BERTPIPE_MIRROR", str(mirror))
     model_config = ModelConfig(name_or_path="owner/tiny", peft=PeftConfig())
     model = load_model(AutoModelForTokenClassification, model_config, label_maps=label_maps(5))
-    wrapped = apply_peft(model, model_config.peft, "token-classification", base_model_name_or_path=base_model_id(model_config))
+    wrapped = apply_peft(model, model_config.peft, "TOKEN_CLS", base_model_name_or_path=base_model_id(model_config))
     save_adapter_run(wrapped, tmp_path / "run")
     assert json.loads((tmp_path / "run" / "adapter_config.json").read_text())["base_model_name_or_path"] == "owner/tiny"
     reloaded = load_model(AutoModelForTokenClassification, ModelConfig(), model_path=str(tmp_path / "run"))
@@ -237,13 +239,13 @@ def test_modeling_adapter_records_hub_id_and_reloads_through_the_mirror(tmp_path
 def test_modeling_peft_needs_a_pretrained_base():
     model = AutoModelForSequenceClassification.from_config(bert_config())
     with pytest.raises(ModelError, match="model.name_or_path"):
-        apply_peft(model, PeftConfig(), "text-classification", base_model_name_or_path=None)
+        apply_peft(model, PeftConfig(), "SEQ_CLS", base_model_name_or_path=None)
 
 
 def test_modeling_unknown_target_module_is_a_model_error(tmp_path):
     model = AutoModelForSequenceClassification.from_config(bert_config())
     with pytest.raises(ModelError, match="model.peft"):
-        apply_peft(model, PeftConfig(target_modules=["q_lin"]), "text-classification", base_model_name_or_path="x")
+        apply_peft(model, PeftConfig(target_modules=["q_lin"]), "SEQ_CLS", base_model_name_or_path="x")
 
 
 def test_config_peft_section_is_typed_and_suggests_keys(tmp_path):
