@@ -154,7 +154,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     check_prediction_output(run_dir, input_path, output_path)
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     examples = task.load_inputs(input_path)
-    features = task.preprocess(examples, train=False)
+    features = task.preprocess(examples, train=False, inputs=True)
     check_sequence_lengths(model.config, features, where=f"--input {input_path}")
     loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size_or_default)
     model, loader = accelerator.prepare(model, loader)

@@ -6,7 +6,7 @@ this order:
     load(include_train=)         -> DatasetDict of raw examples (train + eval split)
     build_tokenizer(raw)         -> fast tokenizer (raw is None when loading a finished run)
     build_model(raw)             -> PreTrainedModel whose forward returns ``.loss`` given labels
-    preprocess(examples, train=) -> model features (QA: one example -> many windows)
+    preprocess(examples, train=, inputs=) -> model features (QA: one example -> many windows)
     collator(train=)             -> batch padding; MLM masking lives here
     predict_step(model, batch)   -> dict of tensors (batch-first) to gather across processes
     postprocess(outputs, features, examples) -> predictions at the example level
@@ -67,7 +67,9 @@ class Task(Protocol):
 
     def build_model(self, raw: DatasetDict | None, model_path: str | None = None) -> PreTrainedModel: ...
 
-    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset: ...
+    def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
+        """Examples -> model features. ``inputs``: the examples are ``load_inputs`` rows to predict (no
+        labels; MLM fills their own mask tokens instead of masking at random)."""
 
     def collator(self, *, train: bool) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]: ...
 

@@ -179,7 +179,7 @@ class ClassificationTask:
             }
         return load_model(self.auto_model_class, self.config.model, label_maps=label_maps)
 
-    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
+    def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
         data = self.config.data
         labelled = self.label_column in examples.column_names
         if labelled:

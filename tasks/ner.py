@@ -273,7 +273,7 @@ class NerTask:
     def max_length(self) -> int:
         return min(self.config.data.max_seq_length, self.tokenizer.model_max_length)
 
-    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
+    def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
         labelled = "tags" in examples.column_names
         label2id = {name: index for index, name in enumerate(self.label_names)}
         return examples.map(

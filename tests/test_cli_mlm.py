@@ -155,7 +155,7 @@ def test_cli_mlm_input_without_mask_token_is_named(pretrained, tmp_path):
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("a [MASK] here\nno mask on this line\n")
     with pytest.raises(DataError, match="input line 2"):
-        task.preprocess(task.load_inputs(str(inputs)), train=False)
+        task.preprocess(task.load_inputs(str(inputs)), train=False, inputs=True)
 
 
 def test_cli_mlm_corpus_shorter_than_a_block_fails_clearly(tmp_path):

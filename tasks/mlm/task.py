@@ -101,7 +101,6 @@ class MlmTask:
         self.options: MlmOptions = config.task_options
         self.tokenizer = None
         self.trained_tokenizer = False
-        self.fill_mask_inputs = False
 
     @property
     def text_column(self) -> str:
@@ -134,7 +133,6 @@ class MlmTask:
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column], "input")
-        self.fill_mask_inputs = True
         return inputs.rename_column(self.text_column, "text") if self.text_column != "text" else inputs
 
     # ----- tokenizer and model ------------------------------------------------------------
@@ -230,9 +228,10 @@ class MlmTask:
                 raise ModelError("the masked-LM decoder could not be tied to the input embeddings")
 
     # ----- features -----------------------------------------------------------------------
-    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
+    def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
+        """Corpus rows -> masked (eval) or maskable (train) blocks; ``inputs`` rows -> their own [MASK]s to fill."""
         tokenizer = self.tokenizer
-        if self.fill_mask_inputs:
+        if inputs:
             return self._fill_mask_features(examples)
         texts = self._unk_to_token(examples["text"], tokenizer.unk_token)
         # verbose=False: rows longer than the model are expected here; packing or truncation follows.

@@ -134,7 +134,7 @@ print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
             return load_model(self.auto_model_class, self.config.model, model_path=model_path)
         return load_model(self.auto_model_class, self.config.model, config_overrides={"task_specific_params": defaults})
 
-    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
+    def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
         data, options = self.config.data, self.options
         check_question_lengths(self.tokenizer, examples["question"], examples["id"], max_length=data.max_seq_length, doc_stride=options.doc_stride)
         if train:

@@ -102,7 +102,7 @@ print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
         return self._handle_empty(inputs, [src], f"input {path}")
 
     # ----- features -----------------------------------------------------------------------
-    def preprocess(self, examples: Dataset, *, train: bool) -> Dataset:
+    def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
         src, tgt = self.options.source_lang, self.options.target_lang
         # A fine-tuned BERT2BERT given as model.name_or_path is a seq2seq checkpoint whose decoder start is
         # still [CLS]: the rule is the decoder start, not how the run began.
