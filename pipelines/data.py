@@ -16,7 +16,7 @@ import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import datasets
 from datasets import Dataset, DatasetDict
@@ -150,6 +150,30 @@ def json_lines(text: str) -> Iterator[tuple[int, str]]:
             yield number, line
 
 
+def json_records(text: str, source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) per non-blank line of a JSON-lines text; a line that is not a JSON object
+    is one ``DataError`` naming ``source`` and the line."""
+    for number, line in json_lines(text):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{source}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{source}, line {number}: a JSON-lines record must be an object, got {type(record).__name__}")
+        yield number, record
+
+
+def load_split_files(
+    files: dict[str, str | list[str]], read_file: Callable[[Path], list[dict[str, Any]]],
+    to_dataset: Callable[[list[dict[str, Any]]], Dataset],
+) -> DatasetDict:
+    """``data.files`` through a task's own reader: each split's files in order, their rows one Dataset."""
+    check_files_exist(files)
+    return DatasetDict({
+        split: to_dataset([row for path in _as_list(paths) for row in read_file(Path(path))]) for split, paths in files.items()
+    })
+
+
 def _reader_accepts_bad_bytes(builder: str, encoding: str) -> bool:
     # For UTF-8 the JSON builder hands the raw bytes to pyarrow, which stores invalid UTF-8 in the Arrow
     # column without complaint: the bad row would fail only when read, long after caching. Other
@@ -186,9 +210,9 @@ def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: d
     features: dict[str, datasets.Features] = {}
     for label, paths in paths_by_label.items():
         for path in paths:
-            problem = _file_shape_problem(Path(path), builder, encoding)
+            problem = _file_shape_problem(Path(path), builder, encoding, where=f"{label}: {path}")
             if problem:
-                return DataError(f"{label}: {path}{problem}")
+                return DataError(problem)
             try:
                 alone = datasets.load_dataset(builder, data_files={"alone": [path]}, **options)["alone"]
             except Exception as alone_error:
@@ -209,8 +233,8 @@ def _kind(feature) -> str:
     return feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
 
 
-def _file_shape_problem(path: Path, builder: str, encoding: str) -> str | None:
-    """`` is empty``, `` line N: ...`` and the like for a file the reader will reject; else None."""
+def _file_shape_problem(path: Path, builder: str, encoding: str, *, where: str) -> str | None:
+    """``WHERE is empty``, ``WHERE, line N: ...`` and the like for a file the reader will reject; else None."""
     if builder == "parquet":
         return None
     try:
@@ -218,22 +242,20 @@ def _file_shape_problem(path: Path, builder: str, encoding: str) -> str | None:
     except (OSError, UnicodeError):
         return None  # loading the file alone reports it
     if not text.strip():
-        return " is empty (no examples)"
+        return f"{where} is empty (no examples)"
     if builder == "csv" and sum(1 for line in text.splitlines() if line.strip()) < 2:
-        return " holds a header but no rows"
+        return f"{where} holds a header but no rows"
     if builder == "json":
         try:
             json.loads(text)
             return None  # one JSON document: the reader's own message will say what it dislikes
         except json.JSONDecodeError:
             pass
-        for number, line in json_lines(text):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                return f", line {number}: not valid JSON ({error.msg} at column {error.colno})"
-            if not isinstance(record, dict):
-                return f", line {number}: a JSON-lines record must be an object, got {type(record).__name__}"
+        try:
+            for _ in json_records(text, where):
+                pass
+        except DataError as error:
+            return str(error)
     return None
 
 

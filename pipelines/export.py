@@ -34,7 +34,6 @@ returns one when it is given an export directory; no torch model is built.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import shutil
 import tempfile
@@ -48,7 +47,7 @@ import torch
 from pipelines.batching import eval_dataloader
 from pipelines.config import RunConfig
 from pipelines.modeling import MERGED_DIR, ModelError, is_adapter_dir, is_peft_model
-from pipelines.outputs import CONFIG_FILE, METRICS_FILE, save_config, write_json
+from pipelines.outputs import METRICS_FILE, save_config, write_json
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)

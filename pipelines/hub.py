@@ -5,6 +5,8 @@ In:  a model/tokenizer id (``sentence-transformers/all-MiniLM-L6-v2``), a datase
 Out: what to hand to ``from_pretrained`` / ``load_dataset``: the folder when one exists, else the
      Hub id. When the Hub cannot be reached and no copy exists, one :class:`HubUnavailableError`
      names the id and the variable at once, instead of the Hub client's retry loop.
+
+:func:`hub_reachable` is the one reachability check (``bertpipe publish`` asks it too).
 """
 
 from __future__ import annotations
@@ -30,14 +32,25 @@ def mirror_root() -> Path | None:
     return Path(root).expanduser() if root else None
 
 
-def _offline_by_setting() -> bool:
-    return any(os.environ.get(name, "").lower() in {"1", "true", "yes"} for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"))
+def _is_true(value: str | None) -> bool:
+    return (value or "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
-@functools.lru_cache(maxsize=1)
-def hub_reachable(timeout_seconds: float = 3.0) -> bool:
-    """One quick TCP connect to the Hub endpoint; cached for the life of the process."""
-    if _offline_by_setting():
+def offline_by_setting(kind: Literal["models", "datasets"]) -> bool:
+    """The switch of the library that would connect: huggingface_hub's ``HF_HUB_OFFLINE`` (or
+    ``TRANSFORMERS_OFFLINE``) for models and for pushing a model; for datasets, ``HF_DATASETS_OFFLINE``
+    where it is set (it overrides the Hub's switch, as in ``datasets.config``)."""
+    if kind == "datasets" and os.environ.get("HF_DATASETS_OFFLINE") is not None:
+        return _is_true(os.environ["HF_DATASETS_OFFLINE"])
+    # As huggingface_hub.constants reads them: a set HF_HUB_OFFLINE (even "0") wins over TRANSFORMERS_OFFLINE.
+    return _is_true(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
+
+
+@functools.lru_cache(maxsize=4)
+def hub_reachable(kind: Literal["models", "datasets"] = "models", timeout_seconds: float = 3.0) -> bool:
+    """Not switched off for ``kind`` and one quick TCP connect to ``HF_ENDPOINT`` answers, so an absent
+    network fails at once instead of in the client's retry loop; cached for the life of the process."""
+    if offline_by_setting(kind):
         return False
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
@@ -57,7 +70,7 @@ def resolve(repo_id: str, kind: Literal["models", "datasets"]) -> str:
         copy = root / kind / repo_id
         if copy.is_dir():
             return str(copy)
-    if not hub_reachable():
+    if not hub_reachable(kind):
         where = f"{MIRROR_VARIABLE}={root}" if root is not None else f"{MIRROR_VARIABLE} is not set"
         raise HubUnavailableError(
             f"{kind[:-1]} {repo_id!r} is not a local path, has no mirror copy ({where}; looked for "

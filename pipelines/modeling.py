@@ -112,7 +112,8 @@ def tokenizer_source(model: ModelConfig, model_path: str | None = None) -> str:
     return source
 
 
-def _apply_dropout(config: PretrainedConfig, dropout: float | None) -> None:
+def apply_dropout(config: PretrainedConfig, dropout: float | None) -> None:
+    """Set ``model.dropout`` on every dropout setting a config has (BERT's, BART/Marian's names)."""
     if dropout is None:
         return
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
@@ -138,7 +139,7 @@ def load_model(
     source = model_path or model.name_or_path
     if source is None:
         config = AutoConfig.for_model(model.model_type, **model.architecture, **label_maps, **extra)
-        _apply_dropout(config, model.dropout)
+        apply_dropout(config, model.dropout)
         return auto_class.from_config(config)
 
     location = model_path or resolve_model(source)
@@ -165,7 +166,7 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
     mismatched_head = _head_labels_differ(config, label_maps)
     for key, value in {**label_maps, **extra}.items():
         setattr(config, key, value)
-    _apply_dropout(config, model.dropout)
+    apply_dropout(config, model.dropout)
     if mismatched_head:
         logger.warning(
             "%s has a head trained for labels %s; a new head is initialised for labels %s",

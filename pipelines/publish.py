@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import tempfile
-from urllib.parse import urlparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.card import build_model_card
 from pipelines.config import RunConfig
+from pipelines.hub import hub_reachable
 from pipelines.modeling import MERGED_DIR, is_adapter_dir
 from pipelines.outputs import METRICS_FILE
 
@@ -82,29 +81,12 @@ def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str |
     return sorted([*staged, "README.md"])
 
 
-def _endpoint_reachable(timeout_seconds: float = 3.0) -> bool:
-    """One quick TCP connect to the Hub endpoint, so an absent network fails at once instead of
-    in the client's retry loop. Only HF_HUB_OFFLINE counts here (datasets/transformers offline
-    switches say nothing about pushing)."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    endpoint = urlparse(constants.ENDPOINT)
-    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_seconds):
-            return True
-    except OSError:
-        return False
-
-
 def _check_can_push() -> None:
     from huggingface_hub import get_token
 
     if get_token() is None:
         raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (the config never holds it)")
-    if not _endpoint_reachable():
+    if not hub_reachable("models"):  # HF_DATASETS_OFFLINE says nothing about pushing a model
         raise PublishError(
             "the Hugging Face Hub cannot be reached (no network, HF_HUB_OFFLINE=1, or HF_ENDPOINT is down); "
             "nothing was uploaded. Retry later with `bertpipe publish`, or use --dry-run --out DIR to inspect the files"

@@ -17,7 +17,8 @@ The class attributes carry the facts ``pipelines/`` needs about a task (Auto cla
 ONNX outputs, model-card usage), so a new task needs no edit there.
 
 There is no training hook: ``model(**batch).loss`` is the whole training step. Shared helpers are
-plain functions in ``pipelines/``; tasks do not inherit implementation from each other.
+plain functions in ``pipelines/``; :class:`TaskBase` holds the defaults a task may take (its settings,
+the checkpoint's own fast tokenizer, no pipeline comparison); tasks do not inherit from each other.
 """
 
 from __future__ import annotations
@@ -87,3 +88,23 @@ class Task(Protocol):
 
     def save_artifacts(self, predictions: Any, examples: Dataset, run_dir: str) -> None: ...
 
+
+
+class TaskBase:
+    """The defaults a task may take instead of writing them; it still declares the Protocol's class attributes."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.options = config.task_options
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+
+    def build_tokenizer(self, raw: DatasetDict | None, model_path: str | None = None) -> PreTrainedTokenizerBase:
+        """The fast tokenizer of ``model.tokenizer_name_or_path`` or ``model.name_or_path``, or of the finished run
+        at ``model_path``."""
+        from pipelines.modeling import load_tokenizer, tokenizer_source
+
+        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
+        return self.tokenizer
+
+    def pipeline_inputs(self, examples: Dataset) -> list[Any] | None:
+        return None  # no pipeline() whose outputs are one label and score per input

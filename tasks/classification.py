@@ -23,7 +23,8 @@ from pipelines.data import (
     skip_blank_lines, split_source,
 )
 from pipelines.metrics import load_metric
-from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
+from pipelines.modeling import load_model
+from pipelines.task import TaskBase
 
 ProblemType = Literal["auto", "single_label", "multi_label", "regression"]
 _HF_PROBLEM_TYPE = {
@@ -41,7 +42,7 @@ class ClassificationOptions(TaskOptions):
     multi_label_threshold: float = Field(default=0.5, gt=0, lt=1)
 
 
-class ClassificationTask:
+class ClassificationTask(TaskBase):
     name: ClassVar[str] = "classification"
     Options: ClassVar[type[TaskOptions]] = ClassificationOptions
     pipeline_tag: ClassVar[str] = "text-classification"
@@ -54,9 +55,8 @@ class ClassificationTask:
     card_model_usage: ClassVar[str | None] = None
 
     def __init__(self, config: RunConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.options: ClassificationOptions = config.task_options
-        self.tokenizer = None
         self.label_names: list[str] | None = None
         self.problem_type: str | None = None
         self._metrics: dict[str, Any] = {}
@@ -157,10 +157,6 @@ class ClassificationTask:
         require_values(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
         require_text(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
         return inputs
-
-    def build_tokenizer(self, raw, model_path: str | None = None):
-        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
-        return self.tokenizer
 
     def build_model(self, raw, model_path: str | None = None):
         if model_path is not None:

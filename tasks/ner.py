@@ -37,10 +37,11 @@ from pydantic import Field
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, check_files_exist, finalize_splits, json_lines, naming_undecodable, read_inputs
+from pipelines.data import DataError, finalize_splits, json_records, load_split_files, naming_undecodable, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
-from pipelines.modeling import encode_words_as_in_running_text, load_model, load_tokenizer, tokenizer_source
+from pipelines.modeling import encode_words_as_in_running_text, load_model
+from pipelines.task import TaskBase
 
 IGNORE_INDEX = -100
 CONLL_SUFFIXES = (".txt", ".conll")
@@ -77,7 +78,7 @@ class NerOptions(TaskOptions):
     the default is conlleval's lenient reading, which accepts IOB1, IOB2 and IOBES alike."""
 
 
-class NerTask:
+class NerTask(TaskBase):
     name: ClassVar[str] = "ner"
     Options: ClassVar[type[TaskOptions]] = NerOptions
     pipeline_tag: ClassVar[str] = "token-classification"
@@ -90,9 +91,8 @@ class NerTask:
     card_model_usage: ClassVar[str | None] = None
 
     def __init__(self, config: RunConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.options: NerOptions = config.task_options
-        self.tokenizer = None
         self.label_names: list[str] | None = list(self.options.label_names) if self.options.label_names else None
         self._metric = None
 
@@ -117,7 +117,7 @@ class NerTask:
         """Raw examples as ``tokens`` / ``tags`` (tag names) / ``location`` (file:line or split/row)."""
         data = self.config.data
         if data.files:
-            raw = self._load_files(data.files)
+            raw = load_split_files(data.files, self._read_file, _sentences_dataset)
             source = None
         else:
             source = resolve_dataset(data.path)
@@ -128,16 +128,6 @@ class NerTask:
         if self.label_names is None:
             raise DataError("the tag set is unknown: load a finished run's model first or set ner.label_names")
         return DatasetDict({name: self._normalise(split, name, data.path) for name, split in raw.items()})
-
-    def _load_files(self, files: dict[str, str | list[str]]) -> DatasetDict:
-        check_files_exist(files)
-        splits = {}
-        for split, paths in files.items():
-            rows: list[dict[str, Any]] = []
-            for path in [paths] if isinstance(paths, str) else paths:
-                rows.extend(self._read_file(Path(path)))
-            splits[split] = Dataset.from_list(rows) if rows else Dataset.from_dict({"tokens": [], "tags": [], "location": []})
-        return DatasetDict(splits)
 
     def _read_file(self, path: Path) -> list[dict[str, Any]]:
         suffix = path.suffix.lower()
@@ -251,7 +241,7 @@ class NerTask:
 
     # ----- model --------------------------------------------------------------------------
     def build_tokenizer(self, raw, model_path: str | None = None):
-        tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
+        tokenizer = super().build_tokenizer(raw, model_path)
         # Words arrive pre-split; byte-level BPE must still see them as running text does (and the run
         # directory saves the tokenizer in this form, so pipeline() on raw text gets the same pieces).
         self.tokenizer = encode_words_as_in_running_text(tokenizer)
@@ -364,9 +354,6 @@ class NerTask:
             rows.append(row)
         return rows
 
-    def pipeline_inputs(self, examples: Dataset) -> None:
-        return None  # pipeline('token-classification') returns entity lists, not one label per input
-
     def save_artifacts(self, predictions, examples: Dataset, run_dir: str) -> None:
         """Write the eval split's word-level predictions as CoNLL columns (token, gold, predicted)."""
         lines = []
@@ -431,16 +418,7 @@ def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any
     with naming_undecodable({"input": [path]}, encoding):
         text = path.read_text(encoding=encoding)
     if path.suffix.lower() == ".jsonl":
-        rows = []
-        for number, line in json_lines(text):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            rows.append({**row, "location": f"{path}:{number}"})
-        return rows
+        return [{**row, "location": f"{path}:{number}"} for number, row in json_records(text, path)]
     try:
         loaded = json.loads(text)
     except json.JSONDecodeError as error:
@@ -450,6 +428,10 @@ def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any
     if not isinstance(loaded, list) or not all(isinstance(row, dict) for row in loaded):
         raise DataError(f"{path}: expected a list of objects (or {{'data': [...]}}), one per sentence")
     return [{**row, "location": f"{path}, record {index}"} for index, row in enumerate(loaded)]
+
+
+def _sentences_dataset(rows: list[dict[str, Any]]) -> Dataset:
+    return Dataset.from_list(rows) if rows else Dataset.from_dict({"tokens": [], "tags": [], "location": []})
 
 
 def check_sentence(tokens: Sequence[str], tags: Sequence[Any], label_set: set[str], location: str) -> None:

@@ -15,6 +15,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from pipelines.data import DataError
+
 _HEADING = re.compile(r"^\s*(=\s+)+[^=].*?(\s+=)+\s*$")
 _TOP_HEADING = re.compile(r"^\s*=\s+[^=](.*[^=])?\s+=\s*$")
 

@@ -26,6 +26,7 @@ from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns, skip_blank_lines
 from pipelines.modeling import ModelError, load_model, load_tokenizer, tokenizer_source
+from pipelines.task import TaskBase
 from tasks.mlm.corpus import clean_rows, hold_out_documents, split_documents
 from tasks.mlm.examples import NO_WORD, make_sentence_pairs, number_words, pack_blocks
 from tasks.mlm.masking import IGNORE_INDEX, MaskingCollator, eval_masking_rng, mask_tokens, random_token_ids
@@ -82,7 +83,7 @@ def _prediction_logits(outputs) -> torch.Tensor:
 
 
 # ----- the task -------------------------------------------------------------------------------
-class MlmTask:
+class MlmTask(TaskBase):
     name: ClassVar[str] = "mlm"
     Options: ClassVar[type[TaskOptions]] = MlmOptions
     pipeline_tag: ClassVar[str] = "fill-mask"
@@ -97,9 +98,8 @@ class MlmTask:
     card_model_usage: ClassVar[str | None] = None
 
     def __init__(self, config: RunConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.options: MlmOptions = config.task_options
-        self.tokenizer = None
         self.trained_tokenizer = False
 
     @property
@@ -142,7 +142,7 @@ class MlmTask:
             self.tokenizer = self._train_or_reload_tokenizer(raw)
             self.trained_tokenizer = True
         else:
-            self.tokenizer = load_tokenizer(tokenizer_source(model, model_path), model.revision)
+            super().build_tokenizer(raw, model_path)
         if self.tokenizer.mask_token is None or self.tokenizer.mask_token_id is None:
             raise ModelError(
                 f"the tokenizer of {tokenizer_source(model, model_path)!r} has no mask token; masked-LM needs one "
@@ -371,9 +371,6 @@ class MlmTask:
 
     def format_predictions(self, predictions: list[dict[str, Any]], examples: Dataset) -> list[dict[str, Any]]:
         return [{"text": text, **filled} for text, filled in zip(examples["text"], predictions)]
-
-    def pipeline_inputs(self, examples: Dataset) -> None:
-        return None  # pipeline('fill-mask') returns candidates per mask, not one label per input
 
     def save_artifacts(self, predictions, examples: Dataset, run_dir: str) -> None:
         """The run directory (model, tokenizer, metrics) is the whole result of pretraining."""

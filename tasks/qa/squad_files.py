@@ -18,7 +18,7 @@ from typing import Any
 
 from datasets import Dataset, Features, Sequence as SequenceFeature, Value
 
-from pipelines.data import DataError, json_lines, naming_undecodable
+from pipelines.data import DataError, json_records, naming_undecodable
 
 EXAMPLE_FEATURES = Features({
     "id": Value("string"),
@@ -109,14 +109,8 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
         return [flat_row(row, f"{path}: item {i}", str(i)) for i, row in enumerate(document)]
     if isinstance(document, dict):
         return [flat_row(document, f"{path}: line 1", "0")]
-    rows = []
-    for number, line in json_lines(text):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}: line {number} is neither nested SQuAD JSON nor a JSON object per line ({error})") from None
-        rows.append(flat_row(row, f"{path}: line {number}", str(len(rows))))
-    return rows
+    # Neither one JSON document nor nested SQuAD: JSON lines, one flat row each.
+    return [flat_row(row, f"{path}: line {number}", str(index)) for index, (number, row) in enumerate(json_records(text, path))]
 
 
 def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:

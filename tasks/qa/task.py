@@ -21,10 +21,11 @@ from pydantic import Field
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, check_files_exist, finalize_splits, load_raw, require_columns
+from pipelines.data import DataError, finalize_splits, load_raw, load_split_files, require_columns
 from pipelines.metrics import load_metric
-from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
+from pipelines.modeling import load_model
 from pipelines.outputs import write_json
+from pipelines.task import TaskBase
 from tasks.qa.decoding import postprocess_qa_predictions
 from tasks.qa.pipeline import PIPELINE_TASK
 from tasks.qa.squad_files import check_examples, find_answer_mismatches, flat_row, read_squad_file, rows_to_dataset
@@ -62,7 +63,7 @@ class QACollator:
         return self.pad([{key: value for key, value in feature.items() if key not in POSTPROCESS_COLUMNS} for feature in features])
 
 
-class QATask:
+class QATask(TaskBase):
     name: ClassVar[str] = "qa"
     Options: ClassVar[type[TaskOptions]] = QAOptions
     pipeline_tag: ClassVar[str] = PIPELINE_TASK
@@ -84,9 +85,8 @@ start, end = int(outputs.start_logits.argmax()), int(outputs.end_logits.argmax()
 print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
 
     def __init__(self, config: RunConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.options: QAOptions = config.task_options
-        self.tokenizer = None
         self._metric = None
 
     # ----- data ----------------------------------------------------------------------------
@@ -98,14 +98,7 @@ print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
         if data.files:
-            check_files_exist(data.files)
-            raw = DatasetDict({
-                split: rows_to_dataset([
-                    row for path in ([paths] if isinstance(paths, str) else paths)
-                    for row in read_squad_file(path, encoding=data.encoding)
-                ])
-                for split, paths in data.files.items()
-            })
+            raw = load_split_files(data.files, lambda path: read_squad_file(path, encoding=data.encoding), rows_to_dataset)
         else:
             raw = DatasetDict({name: self._normalise_hub_split(split, name) for name, split in load_raw(data).items()})
         raw = finalize_splits(raw, data, self.config.seed, need_train=include_train)
@@ -117,10 +110,6 @@ print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
         examples = rows_to_dataset(read_squad_file(path, encoding=self.config.data.encoding))
         check_examples(examples, "input", version_2_with_negative=None)
         return examples
-
-    def build_tokenizer(self, raw, model_path: str | None = None):
-        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
-        return self.tokenizer
 
     def build_model(self, raw, model_path: str | None = None):
         # The pipeline reads its defaults from here, so a saved run answers as it was evaluated.
@@ -208,9 +197,6 @@ print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
                 row["no_answer_probability"] = round(prediction["no_answer_probability"], 6)
             rows.append(row)
         return rows
-
-    def pipeline_inputs(self, examples: Dataset) -> None:
-        return None  # answers are spans, not labels
 
     def save_artifacts(self, predictions: list[dict[str, Any]], examples: Dataset, run_dir: str) -> None:
         """``predictions.json`` {id: text}, ``nbest_predictions.json`` {id: [candidates]} and, for v2,

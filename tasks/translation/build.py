@@ -18,10 +18,9 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Encod
 
 from pipelines.config import ConfigError
 from pipelines.hub import resolve_model
-from pipelines.modeling import load_model, ModelError
+from pipelines.modeling import apply_dropout, load_model, ModelError
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
-    _apply_dropout,
     check_decoder_config,
     drop_encoder_pooler,
     is_seq2seq_config,
@@ -126,7 +125,7 @@ class TranslationModelBuilding:
         model_cfg = self.config.model
         location = resolve_model(model_cfg.name_or_path)
         config = AutoConfig.from_pretrained(location, revision=model_cfg.revision)
-        _apply_dropout(config, model_cfg.dropout)
+        apply_dropout(config, model_cfg.dropout)
         model = AutoModelForSeq2SeqLM.from_pretrained(location, config=config, revision=model_cfg.revision)
         if model.config.decoder_start_token_id is None and self.options.tgt_lang:
             model.config.decoder_start_token_id = self.tokenizer.convert_tokens_to_ids(self.options.tgt_lang)
@@ -149,8 +148,8 @@ class TranslationModelBuilding:
             )
         decoder_config.is_decoder = True
         decoder_config.add_cross_attention = True
-        _apply_dropout(encoder_config, self.config.model.dropout)
-        _apply_dropout(decoder_config, self.config.model.dropout)
+        apply_dropout(encoder_config, self.config.model.dropout)
+        apply_dropout(decoder_config, self.config.model.dropout)
         try:
             model = EncoderDecoderModel.from_encoder_decoder_pretrained(
                 resolve_model(encoder), resolve_model(decoder),

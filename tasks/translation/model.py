@@ -94,10 +94,3 @@ def _clone_shared_tensors(module, state_dict, prefix, local_metadata) -> None:
         else:
             seen.add(pointer)
 
-
-def _apply_dropout(config: PretrainedConfig, dropout: float | None) -> None:
-    if dropout is None:
-        return
-    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
-        if hasattr(config, key):
-            setattr(config, key, dropout)

@@ -23,6 +23,7 @@ from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, skip_blank_lines
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
+from pipelines.task import TaskBase
 from tasks.translation.build import TranslationModelBuilding
 from tasks.translation.data import _tokenize, empty_rows, to_language_columns
 from tasks.translation.generation import decode, generated_lengths
@@ -31,7 +32,7 @@ from tasks.translation.options import GENERATED_KEY, GENERATIONS_FILE, SIGNATURE
 logger = logging.getLogger(__name__)
 
 
-class TranslationTask(TranslationModelBuilding):
+class TranslationTask(TranslationModelBuilding, TaskBase):
     name: ClassVar[str] = "translation"
     Options: ClassVar[type[TaskOptions]] = TranslationOptions
     pipeline_tag: ClassVar[str] = "translation"
@@ -47,9 +48,8 @@ generated = model.generate(**inputs, max_new_tokens=64, num_beams=4)
 print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
 
     def __init__(self, config: RunConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.options: TranslationOptions = config.task_options
-        self.tokenizer = None
         self.model: PreTrainedModel | None = None
         self.output_pad_values = dict(type(self).output_pad_values)
         self.warm_start: bool | None = None
@@ -167,9 +167,6 @@ print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
     def format_predictions(self, predictions: dict[str, Any], examples: Dataset) -> list[dict[str, Any]]:
         sources = examples[self.options.source_lang]
         return [{"source": source, "translation_text": hypothesis} for source, hypothesis in zip(sources, predictions["hypotheses"])]
-
-    def pipeline_inputs(self, examples: Dataset) -> None:
-        return None  # translations are text, not labels
 
     def save_artifacts(self, predictions: dict[str, Any], examples: Dataset, run_dir: str) -> None:
         """``generations.jsonl``: source, reference, hypothesis per eval pair; the sacreBLEU signatures."""

@@ -41,3 +41,47 @@ def test_hub_unset_mirror_is_named_in_the_error(monkeypatch):
     monkeypatch.delenv("BERTPIPE_MIRROR", raising=False)
     with pytest.raises(hub.HubUnavailableError, match="BERTPIPE_MIRROR is not set"):
         hub.resolve_dataset("org/absent-data")
+
+
+@pytest.fixture
+def listening_endpoint(monkeypatch):
+    """HF_ENDPOINT at a local socket that accepts connections (the reachability check only connects)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    yield
+    server.close()
+
+
+def test_hub_reachability_reads_the_switch_of_the_library_that_would_connect(monkeypatch, listening_endpoint):
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    assert hub.hub_reachable("models") and hub.hub_reachable("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # datasets' switch: says nothing about models or pushing
+    hub.hub_reachable.cache_clear()
+    assert hub.hub_reachable("models") and not hub.hub_reachable("datasets")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    hub.hub_reachable.cache_clear()
+    assert not hub.hub_reachable("models")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # a set HF_HUB_OFFLINE wins, as in huggingface_hub
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    hub.hub_reachable.cache_clear()
+    assert hub.hub_reachable("models") and hub.hub_reachable("datasets")
+
+
+def test_hub_publish_asks_the_same_check(monkeypatch, listening_endpoint):
+    from pipelines.publish import PublishError, _check_can_push
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token_never_sent")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # set in this suite's environment; pushing must not care
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    _check_can_push()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.hub_reachable.cache_clear()
+    with pytest.raises(PublishError, match="cannot be reached"):
+        _check_can_push()
+    hub.hub_reachable.cache_clear()
+    assert not hub.hub_reachable("models")  # the answer publish got is the answer model resolution gets

@@ -187,6 +187,11 @@ def test_mlm_hold_out_takes_whole_documents_in_order():
     assert hold_out_documents(documents, 0.2, seed=1) == (train, held)
 
 
+def test_mlm_hold_out_of_a_single_document_is_a_data_error():
+    with pytest.raises(DataError, match="data.validation_fraction: the corpus has a single document"):
+        hold_out_documents([[0, 1, 2]], 0.2, seed=1)
+
+
 def test_mlm_sentence_pairs_label_continuations():
     rows = [list(range(i * 100, i * 100 + 7)) for i in range(200)]
     pairs = make_sentence_pairs(rows, 20, np.random.default_rng(0))
