@@ -7,6 +7,9 @@ Out: a ``DatasetDict`` holding at least the train and eval splits, each non-empt
 
 Tasks with their own file formats (CoNLL columns, nested SQuAD JSON) read them themselves and
 hand the result to :func:`finalize_splits` so that sampling and checks stay in one place.
+
+:func:`prepare_data` is a job's data end to end (raw splits, tokenizer, train and eval features): the
+one place ``train()`` and both benchmark paths get it from, so they run on the same features.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import codecs
 import json
 import logging
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import datasets
 from datasets import Dataset, DatasetDict
@@ -25,6 +29,10 @@ from datasets.exceptions import DatasetGenerationError
 from pipelines.config import DataConfig
 from pipelines.errors import UserError, describe, failures_named
 from pipelines.hub import resolve_dataset
+
+if TYPE_CHECKING:
+    from pipelines.config import RunConfig
+    from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
 
@@ -401,3 +409,31 @@ def skip_blank_lines(inputs: Dataset, path: str | Path) -> Dataset:
         raise DataError(f"input file {path} holds no examples (every line is blank)")
     drop = set(blank)
     return inputs.select([index for index in range(len(inputs)) if index not in drop])
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    raw: DatasetDict
+    tokenizer: Any
+    train_examples: Dataset
+    eval_examples: Dataset
+    train_features: Dataset
+    eval_features: Dataset
+
+
+def prepare_data(task: Task, config: RunConfig) -> PreparedData:
+    """The task's raw splits, its tokenizer (built on them: MLM may train one) and both splits' features.
+
+    The user's rows meet the tokenizer in ``preprocess``, so a row it rejects is reported as a data
+    problem of that split, with the library's error as the cause.
+    """
+    raw = task.load()
+    tokenizer = task.build_tokenizer(raw)
+    features = {}
+    for split, train in ((config.data.train_split, True), (config.data.eval_split, False)):
+        with failures_named(DataError, f"split {split!r} ({split_source(config.data, split)}) cannot be preprocessed"):
+            features[split] = task.preprocess(raw[split], train=train)
+    return PreparedData(
+        raw, tokenizer, raw[config.data.train_split], raw[config.data.eval_split],
+        features[config.data.train_split], features[config.data.eval_split],
+    )

@@ -30,7 +30,7 @@ from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import ConfigError, RunConfig
-from pipelines.data import DataError, split_source
+from pipelines.data import prepare_data, split_source
 from pipelines.errors import failures_named
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.evaluation import evaluate
@@ -91,13 +91,11 @@ def train(
 
     # Data: the main process tokenises first and fills the datasets cache; the others read it.
     with accelerator.main_process_first():
-        raw = task.load()
-        tokenizer = task.build_tokenizer(raw)
-        train_examples, eval_examples = raw[config.data.train_split], raw[config.data.eval_split]
-        train_features = _preprocess(task, train_examples, config, config.data.train_split, train=True)
-        eval_features = _preprocess(task, eval_examples, config, config.data.eval_split, train=False)
+        data = prepare_data(task, config)
+    tokenizer, eval_examples = data.tokenizer, data.eval_examples
+    train_features, eval_features = data.train_features, data.eval_features
 
-    model = apply_peft(task.build_model(raw), config.model.peft, task.peft_task_type, base_model_name_or_path=base_model_id(config.model))
+    model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type, base_model_name_or_path=base_model_id(config.model))
     for split, features in ((config.data.train_split, train_features), (config.data.eval_split, eval_features)):
         check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
 
@@ -294,13 +292,6 @@ def train(
         publish_run(run_dir, config, task, repo_id=config.hub.repo_id, private=config.hub.private,
                     revision=config.hub.revision)
     return summary
-
-
-def _preprocess(task: Task, examples, config: RunConfig, split: str, *, train: bool):
-    """The task's preprocessing; the user's rows meet the tokenizer here, so a row it rejects is
-    reported as a data problem of that split, with the library's error as the cause."""
-    with failures_named(DataError, f"split {split!r} ({split_source(config.data, split)}) cannot be preprocessed"):
-        return task.preprocess(examples, train=train)
 
 
 def _save_model(accelerator, model, folder: Path) -> None:

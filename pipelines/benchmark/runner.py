@@ -30,6 +30,7 @@ from pipelines.benchmark.measure import measure_matmul_peak, non_embedding_param
 from pipelines.benchmark.report import RESULTS_JSON, RESULTS_MARKDOWN, format_table, summarize
 from pipelines.benchmark.trainer import _run_trainer
 from pipelines.config import RunConfig
+from pipelines.data import prepare_data
 from pipelines.runtime import native_bf16
 
 
@@ -101,15 +102,12 @@ def default_metric(config: RunConfig, metric_names: Sequence[str]) -> str:
 def _prepare(config: RunConfig, get_task: TaskLookup) -> dict[str, Any]:
     """Fill the datasets cache (tokenised features) and count what the FLOP estimate needs."""
     task = get_task(config.task)(config)
-    raw = task.load()
-    task.build_tokenizer(raw)
-    train_features = task.preprocess(raw[config.data.train_split], train=True)
-    task.preprocess(raw[config.data.eval_split], train=False)
-    model = task.build_model(raw)
+    data = prepare_data(task, config)
+    model = task.build_model(data.raw)
     return {
-        "train_examples": len(raw[config.data.train_split]),
-        "eval_examples": len(raw[config.data.eval_split]),
-        "train_features": len(train_features),
+        "train_examples": len(data.train_examples),
+        "eval_examples": len(data.eval_examples),
+        "train_features": len(data.train_features),
         "non_embedding_params": non_embedding_parameters(model),
     }
 

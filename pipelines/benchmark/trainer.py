@@ -16,6 +16,7 @@ import torch
 from pipelines.benchmark.job import BenchmarkError, setting_precision, trainer_arguments, warmup_updates
 from pipelines.benchmark.measure import TrainingCounter
 from pipelines.config import RunConfig
+from pipelines.data import prepare_data
 
 
 def trainer_predictions(predictions: np.ndarray | tuple, output_names: Sequence[str], wanted: Sequence[str]) -> dict[str, np.ndarray]:
@@ -94,15 +95,12 @@ def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     """The docs recipe; every task-specific step is the task's own method, as in bertpipe."""
     from transformers import Trainer, TrainingArguments, set_seed
 
-    data = config.data
     # Seeded before the model is built, as the docs' run_glue.py does and as bertpipe's train() does:
     # otherwise the new head's initialisation is unseeded and a run cannot be repeated.
     set_seed(config.seed)
-    raw = task.load()
-    tokenizer = task.build_tokenizer(raw)
-    train_features = task.preprocess(raw[data.train_split], train=True)
-    eval_features = task.preprocess(raw[data.eval_split], train=False)
-    model = task.build_model(raw)
+    data = prepare_data(task, config)  # bertpipe's own raw splits, tokenizer and features: the same job
+    tokenizer, train_features, eval_features = data.tokenizer, data.train_features, data.eval_features
+    model = task.build_model(data.raw)
     collator = task.collator(train=True)
     arguments = trainer_arguments(
         config, setting, config.output_dir, warmup_steps=warmup_updates(config, len(train_features)),
@@ -117,7 +115,7 @@ def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     samples, tokens = counter.remove()
     trainer.data_collator = task.collator(train=False)
     outputs = _trainer_model_outputs(trainer, task, eval_features)
-    predictions = task.postprocess(outputs, eval_features, raw[data.eval_split])
-    metrics = {name: float(value) for name, value in task.compute_metrics(predictions, raw[data.eval_split]).items()}
+    predictions = task.postprocess(outputs, eval_features, data.eval_examples)
+    metrics = {name: float(value) for name, value in task.compute_metrics(predictions, data.eval_examples).items()}
     trainer.save_model()
     return {"train_samples": samples, "train_tokens": tokens, "train_runtime": result.metrics["train_runtime"], "metrics": metrics}

@@ -154,3 +154,39 @@ def test_predict_inputs_decode_in_the_encoding_given(tmp_path):
 def test_data_unknown_encoding_is_a_config_error():
     with pytest.raises(ValueError, match="unknown text encoding 'utf-9'"):
         DataConfig(files={"train": "a.txt"}, encoding="utf-9")
+
+
+class _SplitTask:
+    """A stand-in task: the raw splits, a tokenizer marker and features that say which split and mode made them."""
+
+    def __init__(self, config, refuse: str | None = None):
+        self.config, self.refuse, self.calls = config, refuse, []
+
+    def load(self, *, include_train=True):
+        return load_raw(self.config.data)
+
+    def build_tokenizer(self, raw, model_path=None):
+        self.calls.append(("tokenizer", sorted(raw)))
+        return "tokenizer"
+
+    def preprocess(self, examples, *, train, inputs=False):
+        if not train and self.refuse:
+            raise ValueError(self.refuse)
+        return examples.map(lambda row: {"made_for_training": train})
+
+
+def test_data_prepare_data_is_the_raw_splits_tokenizer_and_both_features(tmp_path):
+    from pipelines.config import load_config
+    from pipelines.data import prepare_data
+
+    train, valid = write_rows(tmp_path / "train.jsonl", ROWS), write_rows(tmp_path / "valid.jsonl", ROWS[:3])
+    config = load_config(None, [f"data.files={{train: {train}, dev: {valid}}}", "data.eval_split=dev"],
+                         base={"task": "classification", "output_dir": str(tmp_path / "run")})
+    task = _SplitTask(config)
+    data = prepare_data(task, config)
+    assert task.calls == [("tokenizer", ["dev", "train"])] and data.tokenizer == "tokenizer"
+    assert len(data.train_examples) == 10 and len(data.eval_examples) == 3 and sorted(data.raw) == ["dev", "train"]
+    assert set(data.train_features["made_for_training"]) == {True} and set(data.eval_features["made_for_training"]) == {False}
+    with pytest.raises(DataError, match=rf"split 'dev' \(data.files.dev: {valid}\) cannot be preprocessed") as error:
+        prepare_data(_SplitTask(config, refuse="a row the tokenizer rejects"), config)
+    assert "a row the tokenizer rejects" in str(error.value) + str(error.value.__cause__)
