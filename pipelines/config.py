@@ -30,7 +30,9 @@ class ConfigError(UserError, ValueError):
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    # use_attribute_docstrings: a field's docstring is its description, from which the README's
+    # configuration table is generated (pipelines/config_docs.py), so the two cannot drift apart.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True)
 
 
 class TaskOptions(Section):
@@ -46,6 +48,7 @@ class PeftConfig(Section):
     """
 
     method: Literal["lora", "ia3"] = "lora"
+    """``lora`` (low-rank updates) or ``ia3`` (learned scaling vectors)."""
     r: int = Field(default=8, gt=0)
     """LoRA rank."""
     alpha: float = Field(default=16.0, gt=0)
@@ -66,11 +69,13 @@ class ModelConfig(Section):
     name_or_path: str | None = None
     """Hub id, mirror id or local folder (a finished bertpipe run works too)."""
     tokenizer_name_or_path: str | None = None
+    """A different tokenizer (default: the model's)."""
     revision: str | None = None
-    # Architecture for from-scratch models (used when name_or_path is unset): keys of the
-    # model family's config class, e.g. num_hidden_layers, hidden_size, vocab_size.
+    """Hub revision (branch, tag or commit) of the model and tokenizer."""
     model_type: str = "bert"
+    """From-scratch model family (when ``name_or_path`` is unset); ``bertpipe_bert`` selects bertpipe's own BERT."""
     architecture: dict[str, Any] = Field(default_factory=dict)
+    """From-scratch architecture: keys of the family's config class, e.g. ``{num_hidden_layers: 4, hidden_size: 256}``."""
     dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
     """Overrides the checkpoint's hidden and attention dropout when set."""
     peft: PeftConfig | None = None
@@ -85,18 +90,29 @@ class DataConfig(Section):
     files: dict[str, str | list[str]] | None = None
     """Split name -> local file(s): csv, tsv, json, jsonl, parquet or txt."""
     encoding: str = "utf-8"
-    """Text encoding of ``files`` (e.g. ``latin-1`` for older Gutenberg or CoNLL files)."""
+    """Text encoding of ``files`` and of ``bertpipe predict`` inputs (e.g. ``latin-1`` for older Gutenberg
+    or CoNLL files; for predict alone: ``bertpipe predict RUN --input F --output O data.encoding=latin-1``);
+    a byte that does not decode is an error naming file, line and byte."""
     train_split: str = "train"
+    """Name of the training split."""
     eval_split: str = "validation"
+    """Name of the evaluation split."""
     validation_fraction: float | None = Field(default=None, gt=0.0, lt=1.0)
     """Hold out this share of the train split when the data has no eval split."""
     max_train_samples: int | None = Field(default=None, gt=0)
+    """Keep the first N training examples (default: all)."""
     max_eval_samples: int | None = Field(default=None, gt=0)
+    """Keep the first N evaluation examples (default: all)."""
     max_seq_length: int = Field(default=128, gt=0)
+    """Truncation length in tokens (batches are padded to their own longest example)."""
     text_column: str | None = None
+    """Text column (default: the task's, e.g. ``text``)."""
     text_pair_column: str | None = None
+    """Second text column of sentence-pair classification."""
     label_column: str | None = None
+    """Label column (default: ``label``)."""
     preprocessing_num_workers: int | None = Field(default=None, gt=0)
+    """Processes for a task's tokenising ``datasets.map`` (its ``num_proc``); unset: in this process."""
 
     @field_validator("encoding")
     @classmethod
@@ -121,25 +137,37 @@ TRAINER_LENGTH_GROUP_BATCHES = 50
 
 class TrainConfig(Section):
     num_epochs: float = Field(default=3.0, gt=0)
+    """Passes over the training data (fractions allowed)."""
     max_steps: int | None = Field(default=None, gt=0)
     """Optimizer updates; when set it overrides ``num_epochs``."""
     learning_rate: float = Field(default=5e-5, gt=0)
+    """Peak AdamW learning rate."""
     weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay (none on biases and norms)."""
     adam_beta1: float = Field(default=0.9, gt=0, lt=1)
+    """AdamW's first-moment decay."""
     adam_beta2: float = Field(default=0.999, gt=0, lt=1)
+    """AdamW's second-moment decay."""
     adam_epsilon: float = Field(default=1e-8, gt=0)
+    """AdamW's denominator epsilon."""
     lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    """Learning-rate schedule after warmup: ``linear``, ``cosine`` or ``constant``."""
     warmup_steps: int | None = Field(default=None, ge=0)
+    """Warmup in optimizer updates; overrides ``warmup_fraction``."""
     warmup_fraction: float = Field(default=0.0, ge=0, lt=1)
     """Share of the optimizer updates spent warming up (ignored when warmup_steps is set)."""
     batch_size: int = Field(default=32, gt=0)
     """Examples per process per forward pass."""
     eval_batch_size: int | None = Field(default=None, gt=0)
+    """Examples per process per evaluation forward pass (default: twice ``batch_size``)."""
     gradient_accumulation_steps: int = Field(default=1, gt=0)
+    """Forward passes per optimizer update (through ``accelerator.accumulate``)."""
     max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Gradient clipping norm (null = off)."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """``auto`` = bf16 where the hardware computes it natively (CUDA with bf16, CPUs with AVX-512
-    BF16 or AMX), else fp32; bf16 emulated on other CPUs is many times slower than fp32."""
+    BF16 or AMX), else fp16 on a GPU and fp32 on a CPU (bf16 emulated on other CPUs is many times
+    slower); ``no``, ``bf16``, ``fp16`` (GPU only). See the README's Numeric precision."""
     group_by_length: bool = True
     """Batch examples of similar length together (batches still come in random order)."""
     length_group_batches: int = Field(default=TRAINER_LENGTH_GROUP_BATCHES, ge=1)
@@ -147,6 +175,7 @@ class TrainConfig(Section):
     length together. 50 (the Trainer's mega-batch) removes most padding; a few batches keep each
     batch a more varied draw (more padding), which matters when length tracks content (CoNLL NER)."""
     logging_steps: int = Field(default=10, gt=0)
+    """Log the training loss every N optimizer updates."""
     eval_steps: int | None = Field(default=None, gt=0)
     """Evaluate every N optimizer updates (and always at the end)."""
     eval_on_start: bool = False
@@ -155,17 +184,24 @@ class TrainConfig(Section):
     save_steps: int | None = Field(default=None, gt=0)
     """Checkpoint every N optimizer updates; unset means no intermediate checkpoints."""
     save_total_limit: int | None = Field(default=2, gt=0)
+    """Checkpoints kept (the oldest are deleted)."""
     resume_from_checkpoint: str | None = None
-    """A checkpoint folder, or ``latest`` for the newest complete one in ``output_dir``."""
+    """A checkpoint folder, or ``latest`` for the newest complete one in ``output_dir``; trajectory
+    settings must match the checkpoint's."""
     early_stopping_patience: int | None = Field(default=None, gt=0)
+    """Stop after N evaluations without improvement of ``metric_for_best_model``."""
     metric_for_best_model: str | None = None
     """e.g. ``eval_accuracy``; enables best-model selection (and early stopping with a patience)."""
     greater_is_better: bool | None = None
+    """Direction of ``metric_for_best_model`` (default: from the metric, e.g. lower loss is better)."""
     load_best_model_at_end: bool = False
+    """Reload the best evaluated model before the final evaluation and saving."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml"]] = Field(
         default_factory=list
     )
+    """Accelerate trackers, e.g. ``[tensorboard]`` (logs under ``RUN_DIR/tracking``)."""
     dataloader_num_workers: int = Field(default=0, ge=0)
+    """Data-loading worker processes."""
     torch_num_threads: int | None = Field(default=None, gt=0)
     """Intra-op threads; unset keeps torch's default (one per physical core; Accelerate divides
     them among the processes of a multi-process CPU run)."""
@@ -199,7 +235,9 @@ class HubConfig(Section):
     push: bool = False
     """Push the run directory at the end of training (``bertpipe publish`` does it afterwards)."""
     repo_id: str | None = None
+    """The Hub repository, ``OWNER/NAME``."""
     private: bool = True
+    """Create the repository private."""
     revision: str | None = None
     """Branch to push to (created when missing); None = the default branch."""
     language: str | list[str] | None = None
@@ -207,6 +245,7 @@ class HubConfig(Section):
     license: str | None = None
     """Hub license id for the model card, e.g. ``apache-2.0``."""
     tags: list[str] = Field(default_factory=list)
+    """Extra model-card tags (``bertpipe`` and the task are always there)."""
 
     @model_validator(mode="after")
     def _push_needs_repo(self) -> "HubConfig":
@@ -250,10 +289,13 @@ class DistillConfig(Section):
 
 class RunConfig(Section):
     task: str
+    """Which task runs: its name in the registry of ``tasks/__init__.py`` (``classification``, ``ner``, ...)."""
     output_dir: str
+    """The run directory."""
     seed: int = 42
+    """Seeds model initialisation, data order and dropout: a rerun gives identical results."""
     overwrite: bool = False
-    """Allow writing into an ``output_dir`` that already holds a finished run."""
+    """Replace the bertpipe run in ``output_dir`` (once the new run has validated)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
