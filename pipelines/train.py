@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +31,7 @@ from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import ConfigError, RunConfig
-from pipelines.data import prepare_data, split_source
+from pipelines.data import PreparedData, prepare_data, split_source
 from pipelines.errors import failures_named
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.evaluation import evaluate
@@ -80,29 +81,16 @@ def train(
     # Everything that can refuse the run is checked before anything in output_dir changes: the folder
     # rules, the resume settings, then data, tokenizer, model, sequence length and the checkpoint's
     # tensors. Only then is an old run replaced (overwrite=true) and the new config written.
-    replace_old_run = outputs.check_output_dir(config)
+    replace_old_run, resume_folder = _check_run_settings(config)
     run_dir = Path(config.output_dir)
-    resume_folder = None
-    if config.train.resume_from_checkpoint:
-        resume_folder = find_checkpoint(config.train.resume_from_checkpoint, run_dir)
-        check_resume_config(resume_folder, config.to_yaml_dict())
     accelerator = build_accelerator(config)
     set_seed(config.seed)
 
     # Data: the main process tokenises first and fills the datasets cache; the others read it.
     with accelerator.main_process_first():
         data = prepare_data(task, config)
-    tokenizer, eval_examples = data.tokenizer, data.eval_examples
     train_features, eval_features = data.train_features, data.eval_features
-
-    model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type, base_model_name_or_path=base_model_id(config.model))
-    for split, features in ((config.data.train_split, train_features), (config.data.eval_split, eval_features)):
-        check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
-
-    if config.distill is not None:
-        # The student inside a wrapper whose forward returns the distillation loss as .loss; the
-        # loop below does not change, and student_of() unwraps it wherever the model is saved.
-        model = build_distillation_model(model, config, task)
+    model = _build_model(config, task, data)
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,
@@ -132,30 +120,8 @@ def train(
             f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
         )
 
-    if accelerator.is_main_process:
-        with failures_named(outputs.OutputDirError, f"output_dir {run_dir}"):
-            if replace_old_run:
-                outputs.replace_run_dir(run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            outputs.save_config(config, run_dir)
-        if on_start is not None:
-            on_start(run_dir)
-    accelerator.wait_for_everyone()
-
-    if config.train.report_to:
-        accelerator.init_trackers(run_dir.name, config=_flat_config(config))
-    step_log = None
-    if accelerator.is_main_process:
-        # Rewritten from the checkpoint's history: records an interrupted run wrote after its last
-        # checkpoint would otherwise appear twice.
-        step_log = outputs.StepLog(run_dir)
-        for record in state.log_history:
-            step_log.write(record)
-    metric_name = config.train.metric_for_best_model
-    greater_is_better = (
-        config.train.greater_is_better if config.train.greater_is_better is not None
-        else task.higher_is_better.get((metric_name or "").removeprefix("eval_"), True)
-    )
+    step_log = _open_run_dir(accelerator, config, state, replace_old_run=replace_old_run, on_start=on_start)
+    best = BestModel.from_config(config, task)
 
     def log(record: dict[str, Any]) -> None:
         record = {"step": state.global_step, "epoch": round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4), **record}
@@ -166,7 +132,7 @@ def train(
 
     def run_evaluation() -> dict[str, float]:
         started = time.perf_counter()
-        predictions, metrics = evaluate(accelerator, model, eval_loader, task, eval_features, eval_examples, order=eval_sampler.order)
+        predictions, metrics = evaluate(accelerator, model, eval_loader, task, eval_features, data.eval_examples, order=eval_sampler.order)
         metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
         model.train()
         return predictions, metrics
@@ -231,8 +197,9 @@ def train(
             if config.train.eval_steps and state.global_step % config.train.eval_steps == 0 and state.global_step < plan.total_updates:
                 _, metrics = run_evaluation()
                 log(metrics)
-                if metric_name:
-                    stop_early = _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir)
+                if best.metric_name and best.update(metrics, state, save=lambda folder: _save_model(accelerator, model, folder)):
+                    accelerator.print(f"early stopping: {best.metric_name} has not improved for {best.patience} evaluations")
+                    stop_early = True
                 if on_evaluate is not None and on_evaluate(state.global_step, metrics):
                     stop_early = True
             if config.train.save_steps and state.global_step % config.train.save_steps == 0:
@@ -246,19 +213,83 @@ def train(
     progress.close()
     update_totals()
 
-    if config.train.load_best_model_at_end and state.best_step is not None and (run_dir / BEST_MODEL_DIR).is_dir():
-        accelerator.print(f"loading the best model (step {state.best_step}, {metric_name}={state.best_metric:.4f})")
-        _load_best_model(student_of(accelerator.unwrap_model(model)), run_dir / BEST_MODEL_DIR)
+    if best.folder is not None and state.best_step is not None and best.folder.is_dir():
+        accelerator.print(f"loading the best model (step {state.best_step}, {best.metric_name}={state.best_metric:.4f})")
+        _load_best_model(student_of(accelerator.unwrap_model(model)), best.folder)
 
     predictions, final_metrics = run_evaluation()
     log(final_metrics)
+    summary = _summary(final_metrics, state, accelerator, epoch=round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
+                       trainable_params=trainable_params, total_params=total_params)
+    _finish_run(accelerator, config, task, model, data, predictions, summary, state.log_history, step_log)
+    return summary
+
+
+# ----- set-up -------------------------------------------------------------------------------
+def _check_run_settings(config: RunConfig) -> tuple[bool, Path | None]:
+    """The output folder rules and the resume settings, before anything is loaded or written:
+    (whether an old run will be replaced, the checkpoint to resume from)."""
+    replace_old_run = outputs.check_output_dir(config)
+    resume_folder = None
+    if config.train.resume_from_checkpoint:
+        resume_folder = find_checkpoint(config.train.resume_from_checkpoint, Path(config.output_dir))
+        check_resume_config(resume_folder, config.to_yaml_dict())
+    return replace_old_run, resume_folder
+
+
+def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.Module:
+    """The task's model (wrapped by peft when ``model.peft`` is set; as the student of a distillation
+    wrapper when ``distill`` is), checked against both splits' sequence lengths."""
+    model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type, base_model_name_or_path=base_model_id(config.model))
+    for split, features in ((config.data.train_split, data.train_features), (config.data.eval_split, data.eval_features)):
+        check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
+    if config.distill is not None:
+        # The student inside a wrapper whose forward returns the distillation loss as .loss; the
+        # loop does not change, and student_of() unwraps it wherever the model is saved.
+        model = build_distillation_model(model, config, task)
+    return model
+
+
+def _open_run_dir(
+    accelerator, config: RunConfig, state: TrainerState, *, replace_old_run: bool, on_start: Callable[[Path], None] | None,
+) -> outputs.StepLog | None:
+    """Replace an old run (overwrite=true), write ``config.yaml``, start the trackers and the step log
+    (the main process's; None on the others)."""
+    run_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        with failures_named(outputs.OutputDirError, f"output_dir {run_dir}"):
+            if replace_old_run:
+                outputs.replace_run_dir(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            outputs.save_config(config, run_dir)
+        if on_start is not None:
+            on_start(run_dir)
+    accelerator.wait_for_everyone()
+
+    if config.train.report_to:
+        accelerator.init_trackers(run_dir.name, config=_flat_config(config))
+    if not accelerator.is_main_process:
+        return None
+    # Rewritten from the checkpoint's history: records an interrupted run wrote after its last
+    # checkpoint would otherwise appear twice.
+    step_log = outputs.StepLog(run_dir)
+    for record in state.log_history:
+        step_log.write(record)
+    return step_log
+
+
+# ----- finish -------------------------------------------------------------------------------
+def _summary(
+    final_metrics: dict[str, float], state: TrainerState, accelerator, *, epoch: float, trainable_params: int, total_params: int,
+) -> dict[str, Any]:
+    """``metrics.json``: the final evaluation and the whole run's training figures."""
     total_samples, total_tokens, train_runtime = state.train_samples, state.train_tokens, state.train_runtime
     summary = {
         **final_metrics,
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
         "global_step": state.global_step,
-        "epoch": round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
+        "epoch": epoch,
         "train_loss": state.train_loss_sum / max(state.train_loss_count, 1),
         "train_runtime": round(train_runtime, 3),
         "train_samples": total_samples,
@@ -270,17 +301,26 @@ def train(
     }
     if state.best_step is not None:
         summary.update(best_step=state.best_step, best_metric=state.best_metric)
+    return summary
 
+
+def _finish_run(
+    accelerator, config: RunConfig, task: Task, model, data: PreparedData, predictions: Any, summary: dict[str, Any],
+    log_history: list[dict], step_log: outputs.StepLog | None,
+) -> None:
+    """Save the model (or adapter; ``merged/`` when asked), tokenizer, the task's artifacts, the curves,
+    the card and ``metrics.json`` (last: it marks a finished run); then publish when ``hub.push``."""
+    run_dir = Path(config.output_dir)
     accelerator.wait_for_everyone()
     unwrapped = student_of(accelerator.unwrap_model(model))
     _save_model(accelerator, model, run_dir)
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(run_dir)
+        data.tokenizer.save_pretrained(run_dir)
         if config.model.peft is not None and config.model.peft.merge:
-            save_merged_model(unwrapped, tokenizer, run_dir / MERGED_DIR)
-        task.save_artifacts(predictions, eval_examples, str(run_dir))
+            save_merged_model(unwrapped, data.tokenizer, run_dir / MERGED_DIR)
+        task.save_artifacts(predictions, data.eval_examples, str(run_dir))
         shutil.rmtree(run_dir / BEST_MODEL_DIR, ignore_errors=True)
-        outputs.plot_training_curves(state.log_history, run_dir / outputs.PLOT_FILE)
+        outputs.plot_training_curves(log_history, run_dir / outputs.PLOT_FILE)
         write_model_card(run_dir, config, task, summary)
         outputs.write_json(run_dir / outputs.METRICS_FILE, summary)
         step_log.close()
@@ -291,7 +331,6 @@ def train(
 
         publish_run(run_dir, config, task, repo_id=config.hub.repo_id, private=config.hub.private,
                     revision=config.hub.revision)
-    return summary
 
 
 def _save_model(accelerator, model, folder: Path) -> None:
@@ -317,20 +356,38 @@ def _load_best_model(model, folder: Path) -> None:
     model.load_state_dict(best.state_dict())
 
 
-def _track_best(accelerator, model, task, metrics, metric_name, greater_is_better, state, config, run_dir) -> bool:
-    """Update the best metric (saving that model when it will be reloaded); True means stop early."""
-    if metric_name not in metrics:
-        raise ConfigError(f"train.metric_for_best_model={metric_name!r} is not among the eval metrics {sorted(metrics)}")
-    value = metrics[metric_name]
-    if _is_better(value, state.best_metric, greater_is_better):
-        state.best_metric, state.best_step = value, state.global_step
-        state.evaluations_without_improvement = 0
-        if config.train.load_best_model_at_end:
-            _save_model(accelerator, model, run_dir / BEST_MODEL_DIR)
-    else:
-        state.evaluations_without_improvement += 1
-    patience = config.train.early_stopping_patience
-    if patience and state.evaluations_without_improvement >= patience:
-        accelerator.print(f"early stopping: {metric_name} has not improved for {patience} evaluations")
-        return True
-    return False
+@dataclass(frozen=True)
+class BestModel:
+    """Best-model tracking and early stopping, as configured; the record itself (best metric and step,
+    evaluations without improvement) lives in :class:`TrainerState`, so a checkpoint carries it."""
+
+    metric_name: str | None
+    greater_is_better: bool
+    folder: Path | None
+    """Where the best model is saved, to be reloaded at the end (``load_best_model_at_end``); else None."""
+    patience: int | None
+
+    @classmethod
+    def from_config(cls, config: RunConfig, task: Task) -> "BestModel":
+        metric_name = config.train.metric_for_best_model
+        greater_is_better = (
+            config.train.greater_is_better if config.train.greater_is_better is not None
+            else task.higher_is_better.get((metric_name or "").removeprefix("eval_"), True)
+        )
+        folder = Path(config.output_dir) / BEST_MODEL_DIR if config.train.load_best_model_at_end else None
+        return cls(metric_name, greater_is_better, folder, config.train.early_stopping_patience)
+
+    def update(self, metrics: dict[str, float], state: TrainerState, *, save: Callable[[Path], None]) -> bool:
+        """Record an evaluation in ``state``, ``save``-ing the model to :attr:`folder` when it is the new
+        best and will be reloaded; True when the patience has run out (stop early)."""
+        if self.metric_name not in metrics:
+            raise ConfigError(f"train.metric_for_best_model={self.metric_name!r} is not among the eval metrics {sorted(metrics)}")
+        value = metrics[self.metric_name]
+        if _is_better(value, state.best_metric, self.greater_is_better):
+            state.best_metric, state.best_step = value, state.global_step
+            state.evaluations_without_improvement = 0
+            if self.folder is not None:
+                save(self.folder)
+        else:
+            state.evaluations_without_improvement += 1
+        return bool(self.patience and state.evaluations_without_improvement >= self.patience)

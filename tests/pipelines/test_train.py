@@ -1,0 +1,38 @@
+"""train()'s named steps that can be checked without training: best-model tracking and early stopping."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.checkpoint import TrainerState
+from pipelines.config import ConfigError, load_config
+from pipelines.train import BEST_MODEL_DIR, BestModel
+from tasks import get_task
+
+
+def best_model(tmp_path, *overrides):
+    config = load_config(None, ["train.eval_steps=1", *overrides],
+                         base={"task": "classification", "output_dir": str(tmp_path / "run"), "data": {"path": "x"}})
+    return BestModel.from_config(config, get_task("classification"))
+
+
+def test_train_best_model_saves_each_new_best_and_stops_when_patience_runs_out(tmp_path):
+    best = best_model(tmp_path, "train.metric_for_best_model=eval_loss", "train.load_best_model_at_end=true",
+                      "train.early_stopping_patience=2")
+    assert best.greater_is_better is False and best.folder == tmp_path / "run" / BEST_MODEL_DIR  # the task's direction
+    state, saved, stops = TrainerState(), [], []
+    for step, loss in enumerate([1.0, 0.8, 0.9, 0.85], start=1):
+        state.global_step = step
+        stops.append(best.update({"eval_loss": loss}, state, save=lambda folder: saved.append((state.global_step, folder))))
+    assert stops == [False, False, False, True]
+    assert (state.best_metric, state.best_step, state.evaluations_without_improvement) == (0.8, 2, 2)
+    assert saved == [(1, best.folder), (2, best.folder)]
+
+
+def test_train_best_model_without_reload_saves_nothing_and_names_a_missing_metric(tmp_path):
+    best = best_model(tmp_path, "train.metric_for_best_model=eval_accuracy")
+    assert best.greater_is_better and best.folder is None and best.patience is None
+    state = TrainerState()
+    assert not best.update({"eval_accuracy": 0.5}, state, save=pytest.fail)
+    with pytest.raises(ConfigError, match="eval_accuracy.*not among the eval metrics"):
+        best.update({"eval_f1": 0.5}, state, save=pytest.fail)
