@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.benchmark.to_accuracy import first_reaching, format_to_accuracy, shipped_config_tree, summarize_to_accuracy
+from pipelines.benchmark.to_accuracy import first_reaching, format_to_accuracy, mean_curve, shipped_config_tree, summarize_to_accuracy
 from pipelines.config import load_config
 from tests.conftest import classification_config
 
@@ -40,7 +40,21 @@ def test_a_seed_that_never_reaches_the_target_gives_no_mean_and_says_so():
     summary = summarize_to_accuracy([_reference(1, 100.0, 0.95)], [{"seed": 1, "curve": CURVE}], metric="accuracy")
     assert summary["bertpipe"][0]["seconds"] is None and summary["bertpipe_seconds"] is None and summary["speedup"] is None
     table = format_to_accuracy(summary, {"config": "c.yaml", "precision": "fp32", "load_average": {"start": (0, 0, 0), "end": (0, 0, 0)}})
-    assert "not reached" in table and "did not reach 0.9500" in table
+    assert "not reached" in table and "did not reach 0.9500" in table and "never reaches 0.9500" in table
+
+
+def test_the_mean_curve_reaches_a_target_that_not_every_seed_reaches():
+    """Seed 1 ends below the target and seed 2 above: the seed-mean curve still compares like with like."""
+    low = [{"seconds": 10.0, "step": 100, "metric": 0.80}, {"seconds": 20.0, "step": 200, "metric": 0.83}]
+    high = [{"seconds": 12.0, "step": 100, "metric": 0.84}, {"seconds": 22.0, "step": 200, "metric": 0.87}]
+    curves = [{"seed": 1, "curve": low}, {"seed": 2, "curve": high}]
+    assert mean_curve(curves) == [{"step": 100, "seconds": 11.0, "metric": pytest.approx(0.82)},
+                                  {"step": 200, "seconds": 21.0, "metric": pytest.approx(0.85)}]
+    summary = summarize_to_accuracy([_reference(1, 84.0, 0.84), _reference(2, 84.0, 0.84)], curves, metric="accuracy")
+    assert summary["bertpipe_seconds"] is None  # seed 1 never gets there
+    assert summary["mean_curve_point"]["step"] == 200 and summary["mean_curve_speedup"] == pytest.approx(4.0)
+    # Seeds that evaluated at different steps cannot be averaged point by point.
+    assert mean_curve([{"seed": 1, "curve": low}, {"seed": 2, "curve": high[:1]}]) == []
 
 
 def test_shipped_config_keeps_its_evaluation_schedule_but_no_trackers(tmp_path, tiny_bert, sentiment_files):
