@@ -64,14 +64,6 @@ def run_bertpipe_curve(spec: RunSpec, get_task: TaskLookup, metric: str) -> dict
     return {"setting": "bertpipe", "seed": spec.seed, "precision": setting_precision(config, "bertpipe"), "curve": curve}
 
 
-def _bertpipe_in_child(spec: RunSpec, get_task: TaskLookup, metric: str) -> dict[str, Any]:
-    import concurrent.futures
-    import multiprocessing
-
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_bertpipe_curve, spec, get_task, metric).result()
-
-
 def first_reaching(curve: Sequence[dict[str, float]], target: float, greater_is_better: bool = True) -> dict[str, float] | None:
     """The first evaluation at or beyond ``target`` (in the metric's better direction), else None."""
     for point in curve:
@@ -182,7 +174,7 @@ def run_to_accuracy(
         metric = metric or default_metric(config, list(references[0]["metrics"]))
         log(f"seed {seed}: bertpipe")
         ours = RunSpec(setting="bertpipe", seed=seed, tree=bertpipe_tree, output_dir=str(out / "runs" / f"bertpipe-seed{seed}"))
-        curves.append(_bertpipe_in_child(ours, get_task, metric))
+        curves.append(run_in_child(ours, get_task, run_bertpipe_curve, metric))
     greater_is_better = config.train.greater_is_better
     if greater_is_better is None:
         greater_is_better = get_task(config.task).higher_is_better.get(metric, True)
