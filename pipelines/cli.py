@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     benchmark.add_argument("--output-dir", help="where benchmark.md/.json and the runs go (default: OUTPUT_DIR-benchmark)")
     benchmark.add_argument("--metric", help="metric column (default: train.metric_for_best_model, else the task's first metric)")
     benchmark.add_argument(
+        "--to-accuracy", action="store_true",
+        help="instead: wall time for the config as shipped (its eval_steps) to reach the Trainer default recipe's final metric",
+    )
+    benchmark.add_argument(
         "--predict", metavar="INPUT", help="instead: time `bertpipe predict` against pipeline('text-classification') on INPUT"
     )
 
@@ -229,6 +233,16 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         )
         print(result["table"])
         print(f"wrote {result['output_dir']}/predict_benchmark.md and predict_benchmark.json")
+    elif args.command == "benchmark" and args.to_accuracy:
+        config = load_run_config(get_task, args.config, args.overrides)
+        from pipelines.benchmark.to_accuracy import TO_ACCURACY_JSON, TO_ACCURACY_MARKDOWN, run_to_accuracy
+
+        result = run_to_accuracy(
+            config, get_task, config_label=" ".join([args.config, *args.overrides]), seeds=args.seeds,
+            output_dir=args.output_dir, metric=args.metric,
+        )
+        print(result["table"])
+        print(f"wrote {result['output_dir']}/{TO_ACCURACY_MARKDOWN} and {TO_ACCURACY_JSON}")
     elif args.command == "benchmark":
         config = load_run_config(get_task, args.config, args.overrides)
         from pipelines.benchmark import parse_settings, run_benchmark

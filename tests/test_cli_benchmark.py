@@ -96,3 +96,25 @@ def test_cli_benchmark_scores_the_trainer_on_ner_in_example_order(tmp_path):
     (run,) = json.loads((out / "benchmark.json").read_text())["runs"]
     assert run["setting"] == "trainer_best" and run["train_samples"] >= 4 * 240  # long sentences add windows
     assert run["metrics"]["f1"] >= 0.9, run["metrics"]  # the same bar bertpipe's own NER test sets
+
+
+def test_cli_benchmark_to_accuracy_times_bertpipe_to_the_trainer_defaults_metric(tmp_path, tiny_bert, sentiment_files):
+    # The config's own evaluation schedule (every 2 updates) is kept for bertpipe: it is what a user waits for.
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, eval_steps=2, mixed_precision="no")
+    out = tmp_path / "to-accuracy"
+    result = run_cli("benchmark", str(config), "train.max_steps=6", "--to-accuracy", "--seeds", "1", "--output-dir", str(out))
+    table = (out / "to_accuracy.md").read_text()
+    assert table in result.stdout and "trainer_default s" in table
+
+    results = json.loads((out / "to_accuracy.json").read_text())
+    reference = results["reference_runs"][0]
+    assert results["target"] == pytest.approx(reference["metrics"]["accuracy"]) and reference["train_samples"] == 6 * 8
+    curve = results["bertpipe_runs"][0]["curve"]
+    # Scheduled evaluations after updates 2 and 4, then the final one (update 6); the clock runs from process start.
+    assert [point["step"] for point in curve] == [2, 4, 6]
+    assert all(0 < a["seconds"] < b["seconds"] for a, b in zip(curve, curve[1:]))
+    reached = next((point for point in curve if point["metric"] >= results["target"]), None)
+    row = results["bertpipe"][0]
+    assert row["seconds"] == (reached["seconds"] if reached else None) and row["final_metric"] == curve[-1]["metric"]
+    log = (out / "runs" / "bertpipe-seed7" / "log.jsonl").read_text().splitlines()
+    assert sum("eval_accuracy" in line for line in log) == 3

@@ -28,8 +28,9 @@ settings rotates from seed to seed so that slow drift in machine load is spread 
 
 The package, by seam: ``job`` (the config and ``TrainingArguments`` every setting gets), ``measure``
 (matmul peak, parameters, peak RSS, trained samples/tokens), ``trainer`` (the Trainer reference),
-``report`` (statistics and the table), ``runner`` (the settings x seeds loop, one spawned child per run)
-and ``predict`` (``bertpipe predict`` against ``transformers.pipeline()``).
+``report`` (statistics and the table), ``runner`` (the settings x seeds loop, one spawned child per run),
+``predict`` (``bertpipe predict`` against ``transformers.pipeline()``) and ``to_accuracy`` (wall time for the
+config as shipped to reach the Trainer default recipe's final metric).
 """
 
 from __future__ import annotations

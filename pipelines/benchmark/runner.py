@@ -76,10 +76,11 @@ def run_one(spec: RunSpec, get_task: TaskLookup) -> dict[str, Any]:
     }
 
 
-def run_in_child(spec: RunSpec, get_task: TaskLookup) -> dict[str, Any]:
+def run_in_child(spec: RunSpec, get_task: TaskLookup, entry: Callable[..., dict[str, Any]] = run_one, *arguments: Any) -> dict[str, Any]:
+    """``entry(spec, get_task, *arguments)`` in a spawned child (``run_one`` unless told otherwise)."""
     # spawn, not fork: a fresh interpreter, so peak RSS and warm state belong to this run alone.
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_one, spec, get_task).result()
+        return pool.submit(entry, spec, get_task, *arguments).result()
 
 
 # ----- the command ----------------------------------------------------------------------------

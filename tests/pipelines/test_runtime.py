@@ -174,3 +174,42 @@ def test_runtime_fsdp_config_on_a_cpu_is_refused_not_dropped(monkeypatch, tmp_pa
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch --config_file configs/accelerate/fsdp.yaml` sets
     with pytest.raises(ConfigError, match="runs FSDP only on GPUs"):
         runtime.build_accelerator(config, with_trackers=False)
+
+
+_MALLOC_PROBE = r"""
+import ctypes, json, torch
+from pipelines.runtime import keep_freed_memory_for_reuse
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+
+def mmapped_while_holding_a_gradient_sized_tensor():
+    tensor = torch.zeros(30522, 384)  # BERT's word-embedding gradient, 47 MB
+    return libc.mallinfo2().hblkhd
+
+before = mmapped_while_holding_a_gradient_sized_tensor()
+took = keep_freed_memory_for_reuse()
+after = mmapped_while_holding_a_gradient_sized_tensor()
+print(json.dumps({"took": took, "before": before, "after": after, "baseline": libc.mallinfo2().hblkhd}))
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's allocator only")
+def test_runtime_keeps_large_freed_blocks_on_the_heap_instead_of_unmapping_them():
+    """Without the setting, glibc serves the 47 MB gradient with a fresh mmap each step (page faults and
+    zero-fill every time); with it, from the heap, where the freed block is reused."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run([sys.executable, "-c", _MALLOC_PROBE], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    assert probe["took"] is True
+    assert probe["before"] - probe["baseline"] >= 30522 * 384 * 4, probe  # mmapped by default
+    assert probe["after"] - probe["baseline"] < 1 << 20, probe  # from the heap once kept
