@@ -104,13 +104,14 @@ def test_families_ner_predict_and_pipeline_read_the_same_pieces(ner_run):
 
 
 # Multi-piece names, punctuation against words ("Copenhagen,", "Bob's", "U.S."), entities of several words,
-# irregular whitespace, a text without words, and one text longer than a window (max_seq_length 64).
+# irregular whitespace, punctuation only, an empty text, and one text longer than a window (max_seq_length 64).
 AGREEMENT_TEXTS = [
     "Marguerite Anastasia visited Copenhagen, Valparaiso and Montevideo today.",
     "Yesterday Bob's film (with Roberto Kowalski) was in Rome!",
     "the U.S. man met Alice-Kowalski in Berlin; Marguerite saw Paris.",
     "  spaced   out  Marguerite\tKowalski  lives in  Rome ",
     "?!",
+    "",
     " ".join(["Marguerite Kowalski met Roberto Anastasia in Valparaiso, Montevideo and Copenhagen."] * 5),
 ]
 
