@@ -194,7 +194,7 @@ def test_cli_ner_documented_pipeline_call_is_predicts_word_rule(ner_setup, tmp_p
 
 def test_cli_ner_pipeline_leaves_other_token_classifiers_to_transformers(ner_setup):
     """A token-classification model that is not a bertpipe NER run (no stored aggregation) gets
-    transformers' pipeline output, unchanged, from the registered class."""
+    transformers' pipeline output, unchanged, from the registered class, unless it asks for "words"."""
     from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
     from transformers.pipelines.token_classification import TokenClassificationPipeline
 
@@ -209,6 +209,10 @@ def test_cli_ner_pipeline_leaves_other_token_classifiers_to_transformers(ner_set
         stock = pipeline("token-classification", model=model, tokenizer=tokenizer, pipeline_class=TokenClassificationPipeline, **options)
         assert type(ours).__name__ == "WordTokenClassificationPipeline"
         assert repr(ours(text)) == repr(stock(text)), options
+    # Asked for by name, the word rule serves such a model too (a run trained before the strategy was stored).
+    asked = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="words")(text)
+    assert asked == pipeline("token-classification", model=str(ner_setup["run"]))(text)
+    assert asked and all(text[e["start"] : e["end"]] == e["word"] for e in asked)
 
 
 def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_path):
