@@ -5,17 +5,19 @@ In:  sentences as word lists with one tag per word, from a Hub dataset (``eriktk
      (``.txt``/``.conll``: ``token ... tag`` per line, a blank line between sentences, ``-DOCSTART-``
      lines skipped) or json/jsonl rows with a token list and a tag list. ``bertpipe predict`` also
      takes raw text (a ``.txt`` line or a jsonl ``text`` field), split into words here.
-Out: an ``AutoModelForTokenClassification`` whose ``id2label`` holds the dataset's tag names (so
-     ``pipeline("token-classification", aggregation_strategy="simple")`` on the run directory returns
-     ``PER``/``ORG``/``LOC``/``MISC`` groups with character offsets), word-level predictions, and
-     entity-level seqeval metrics (micro P/R/F1, per-type P/R/F1, word accuracy).
+Out: an ``AutoModelForTokenClassification`` whose ``id2label`` holds the dataset's tag names and whose
+     config stores ``aggregation_strategy: words`` for ``pipeline("token-classification")`` (with
+     this module imported, the pipeline on the run directory returns exactly ``bertpipe predict``'s
+     entities: :mod:`tasks.ner_pipeline`), word-level predictions, and entity-level seqeval metrics
+     (micro P/R/F1, per-type P/R/F1, word accuracy).
 
 Word pieces. Words are tokenised pre-split (``is_split_into_words``), as they are in running text
 (byte-level BPE gets its prefix space: :func:`pipelines.modeling.encode_words_as_in_running_text`),
 and aligned through the fast tokenizer's ``word_ids()``: by default (``label_all_tokens``) every piece
-is labelled, continuations of a ``B-X`` word as ``I-X``, so that ``pipeline()``'s piece-level
-"simple" aggregation finds the same entities; or only the first piece carries the word's tag and the
-others are ignored (-100). Predictions are read from first pieces only, so metrics count words, never pieces.
+is labelled, continuations of a ``B-X`` word as ``I-X``, so that transformers' piece-level
+``aggregation_strategy="simple"`` has trained pieces to group; or only the first piece carries the
+word's tag and the others are ignored (-100). Predictions are read from first pieces only, so metrics
+count words, never pieces.
 
 Long sentences. A sentence whose pieces do not fit ``max_seq_length`` is cut at word boundaries into
 windows that overlap by about ``stride`` pieces; no word is dropped by truncation. A word seen in
@@ -44,6 +46,9 @@ from pipelines.modeling import encode_words_as_in_running_text, load_model
 from pipelines.task import TaskBase
 
 IGNORE_INDEX = -100
+PIPELINE_TASK = "token-classification"
+WORD_AGGREGATION = "words"
+"""The ``aggregation_strategy`` of ``pipeline("token-classification")`` that is ``bertpipe predict``'s word rule."""
 CONLL_SUFFIXES = (".txt", ".conll")
 JSON_SUFFIXES = (".json", ".jsonl")
 DOCSTART = "-DOCSTART-"
@@ -60,10 +65,10 @@ class NerOptions(TaskOptions):
     """The tag set in id order; by default the ``ClassLabel`` names, else the train tags (``O`` first)."""
     label_all_tokens: bool = True
     """Label every word piece (continuations of ``B-X`` as ``I-X``); false: the first piece only.
-    Every piece trained is what ``pipeline("token-classification", aggregation_strategy="simple")``
-    needs to group the pieces of raw text into the words ``bertpipe predict`` reports: with first
-    pieces only, a Unigram tokenizer's lone ``▁`` first piece (XLM-R, DeBERTa, ALBERT on rare words)
-    carries the word's tag and the untrained rest of the word scatters the entity."""
+    ``predict`` and the run's own ``pipeline("token-classification")`` aggregation read first pieces
+    either way; transformers' ``aggregation_strategy="simple"`` reads every piece, and with first
+    pieces only trained, a Unigram tokenizer's lone ``▁`` first piece (XLM-R, DeBERTa, ALBERT on rare
+    words) carries the word's tag while the untrained rest of the word scatters the entity."""
     stride: int = Field(default=32, ge=0)
     """Word pieces of overlap between consecutive windows of a sentence longer than ``max_seq_length``
     (capped at half a window, so that windows always advance by at least half their length)."""
@@ -81,7 +86,7 @@ class NerOptions(TaskOptions):
 class NerTask(TaskBase):
     name: ClassVar[str] = "ner"
     Options: ClassVar[type[TaskOptions]] = NerOptions
-    pipeline_tag: ClassVar[str] = "token-classification"
+    pipeline_tag: ClassVar[str] = PIPELINE_TASK
     output_pad_values: ClassVar[dict[str, float]] = {"tag_ids": IGNORE_INDEX, "tag_scores": 0.0}
     higher_is_better: ClassVar[dict[str, bool]] = {"loss": False}
     auto_model_class: ClassVar[type] = AutoModelForTokenClassification
@@ -257,7 +262,14 @@ class NerTask(TaskBase):
             "id2label": dict(enumerate(self.label_names)),
             "label2id": {name: index for index, name in enumerate(self.label_names)},
         }
-        return load_model(self.auto_model_class, self.config.model, label_maps=label_maps)
+        # pipeline("token-classification", model=RUN_DIR) reads these (tasks.ner_pipeline), so that it
+        # finds the entities this run's predict finds, in windows of the size it was trained on.
+        defaults = {PIPELINE_TASK: {
+            "aggregation_strategy": WORD_AGGREGATION, "max_seq_length": self.config.data.max_seq_length, "stride": self.options.stride,
+        }}
+        return load_model(
+            self.auto_model_class, self.config.model, label_maps=label_maps, config_overrides={"task_specific_params": defaults}
+        )
 
     @property
     def max_length(self) -> int:
@@ -298,11 +310,7 @@ class NerTask(TaskBase):
             outputs["tag_ids"], outputs["tag_scores"], list(features["example_index"]), list(features["word_index"]),
             [len(words) for words in examples["tokens"]],
         )
-        # A word no window could hold a piece of (a tokenizer that maps it to nothing) is tagged O,
-        # so that it is still counted rather than dropped.
-        outside = self.label_names.index("O") if "O" in self.label_names else 0
-        tags = [[self.label_names[i if i >= 0 else outside] for i in sentence] for sentence in tag_ids]
-        return {"tags": tags, "scores": scores}
+        return {"tags": [word_tags(sentence, self.label_names) for sentence in tag_ids], "scores": scores}
 
     def _entity_metrics(self) -> bool:
         """seqeval's entity measures only make sense for chunk tags (O, B-X, I-X...), not for POS tags."""
@@ -347,10 +355,7 @@ class NerTask(TaskBase):
             row: dict[str, Any] = {"text": text}
             if not raw_text:
                 row.update(tokens=list(words), tags=tags)
-            entities = word_entities(tags, scores, offsets, text)
-            if raw_text:  # word indices refer to our own split of the text: not part of the answer
-                entities = [{k: v for k, v in e.items() if k not in ("start_word", "end_word")} for e in entities]
-            row["entities"] = entities
+            row["entities"] = sentence_entities(tags, scores, offsets, text, raw_text=raw_text)
             rows.append(row)
         return rows
 
@@ -604,13 +609,41 @@ def split_words(text: str) -> list[tuple[str, tuple[int, int]]]:
     return [(match.group(), match.span()) for match in _WORD.finditer(text)]
 
 
-def join_words(words: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
-    """Pre-tokenised words -> the text they make joined by single spaces, and each word's offsets in it."""
+def join_words(words: Sequence[str], separator: str = " ") -> tuple[str, list[tuple[int, int]]]:
+    """Pre-tokenised words -> the text they make joined by ``separator``, and each word's offsets in it."""
     offsets, position = [], 0
     for word in words:
         offsets.append((position, position + len(word)))
-        position += len(word) + 1
-    return " ".join(words), offsets
+        position += len(word) + len(separator)
+    return separator.join(words), offsets
+
+
+def encode_word_windows(tokenizer, words: Sequence[str], *, max_length: int, stride: int):
+    """One sentence's words -> its windows as ``bertpipe predict`` encodes them (model inputs + ``word_index``)."""
+    return _tokenize_and_align(
+        {"tokens": [list(words)]}, [0], tokenizer=tokenizer, max_length=max_length, stride=stride,
+        label2id=None, label_all_tokens=False, b_to_i=[],
+    )
+
+
+def word_tags(tag_ids: Sequence[int], label_names: Sequence[str]) -> list[str]:
+    """A sentence's word tag ids (-1: no window held the word) -> tag names.
+
+    A word no window could hold a piece of (a tokenizer that maps it to nothing) is tagged O, so that
+    it is still counted rather than dropped.
+    """
+    outside = list(label_names).index("O") if "O" in label_names else 0
+    return [label_names[i if i >= 0 else outside] for i in tag_ids]
+
+
+def sentence_entities(
+    tags: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str, *, raw_text: bool
+) -> list[dict[str, Any]]:
+    """The entities ``bertpipe predict`` reports for one text (``start_word``/``end_word`` for given words only)."""
+    entities = word_entities(tags, scores, offsets, text)
+    if raw_text:  # word indices refer to our own split of the text: not part of the answer
+        entities = [{k: v for k, v in e.items() if k not in ("start_word", "end_word")} for e in entities]
+    return entities
 
 
 def word_entities(
@@ -627,3 +660,8 @@ def word_entities(
             "score": round(float(np.mean(scores[first : last + 1])), 6), "start_word": first, "end_word": last + 1,
         })
     return entities
+
+
+# pipeline("token-classification") on a bertpipe run: predict's entities, from the functions above
+# (imported last, once they exist; tasks.ner_pipeline imports them from here).
+import tasks.ner_pipeline  # noqa: E402,F401  (registers the pipeline)

@@ -163,6 +163,58 @@ def test_cli_ner_pipeline_returns_entity_groups_with_offsets(ner_setup):
     assert [text[g["start"]:g["end"]] for g in groups] == ["alice smith", "paris"]
 
 
+def test_cli_ner_documented_pipeline_call_is_predicts_word_rule(ner_setup, tmp_path):
+    """The run stores ``aggregation_strategy: words``: ``pipeline("token-classification", model=RUN_DIR)``
+    returns predict's entity rows; a transformers strategy, given at construction or per call, keeps
+    transformers' aggregation, and the call-time choice wins."""
+    from transformers import AutoConfig, pipeline
+
+    import tasks
+
+    tasks.load_tasks()  # as documented: registers bertpipe's pipeline("token-classification")
+    run = ner_setup["run"]
+    assert AutoConfig.from_pretrained(run).task_specific_params["token-classification"] == {
+        "aggregation_strategy": "words", "max_seq_length": 24, "stride": 8}
+    texts = ["alice smith visited paris.", "Chen Novak's film, about oslo!"]
+    source, target = write_jsonl(tmp_path / "in.jsonl", [{"text": text} for text in texts]), tmp_path / "out.jsonl"
+    run_cli("predict", str(run), "--input", str(source), "--output", str(target))
+    predicted = [json.loads(line)["entities"] for line in target.read_text().splitlines()]
+    assert [(e["entity_group"], e["word"]) for e in predicted[0]] == [("PER", "alice smith"), ("LOC", "paris")]
+
+    def keys(entities):
+        return [(e["entity_group"], e["word"], e["start"], e["end"], round(float(e["score"]), 5)) for e in entities]
+
+    documented = pipeline("token-classification", model=str(run))
+    assert [keys(found) for found in documented(texts)] == [keys(rows) for rows in predicted]
+    assert "index" in documented(texts[0], aggregation_strategy="none")[0]  # transformers' per-piece output
+    simple = pipeline("token-classification", model=str(run), aggregation_strategy="simple")
+    assert keys(simple(texts[1], aggregation_strategy="words")) == keys(predicted[1])
+    assert simple(texts[0])[0]["word"] == "alice smith"  # transformers': decoded pieces
+
+
+def test_cli_ner_pipeline_leaves_other_token_classifiers_to_transformers(ner_setup):
+    """A token-classification model that is not a bertpipe NER run (no stored aggregation) gets
+    transformers' pipeline output, unchanged, from the registered class, unless it asks for "words"."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
+    from transformers.pipelines.token_classification import TokenClassificationPipeline
+
+    import tasks.ner  # noqa: F401  (registers bertpipe's pipeline("token-classification"))
+
+    model = AutoModelForTokenClassification.from_pretrained(ner_setup["run"])
+    model.config.task_specific_params = None
+    tokenizer = AutoTokenizer.from_pretrained(ner_setup["run"])
+    text = "elena garcia saw  lima , chen"
+    for options in ({}, {"aggregation_strategy": "simple"}, {"aggregation_strategy": "first"}):
+        ours = pipeline("token-classification", model=model, tokenizer=tokenizer, **options)
+        stock = pipeline("token-classification", model=model, tokenizer=tokenizer, pipeline_class=TokenClassificationPipeline, **options)
+        assert type(ours).__name__ == "WordTokenClassificationPipeline"
+        assert repr(ours(text)) == repr(stock(text)), options
+    # Asked for by name, the word rule serves such a model too (a run trained before the strategy was stored).
+    asked = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="words")(text)
+    assert asked == pipeline("token-classification", model=str(ner_setup["run"]))(text)
+    assert asked and all(text[e["start"] : e["end"]] == e["word"] for e in asked)
+
+
 def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_path):
     bad = write_jsonl(tmp_path / "validation.jsonl", [
         {"tokens": ["alice", "left"], "ner_tags": ["B-PER", "O"]},
