@@ -1,5 +1,6 @@
 """Knowledge distillation (pipelines/distill.py): layer choice, the soft-target loss, the config
-section, and teacher -> student runs for classification and NER through the one training loop.
+section, and teacher -> student runs for classification, NER and QA through the one training loop
+(QA through the ``bertpipe distill`` entry point, then ``bertpipe predict`` and ``pipeline()`` on the student).
 
 The runs are tiny BERTs trained in-process in fp32 (pinned: KL values are compared). "Lowers the KL"
 is measured against the student's own start: the teacher cut down to the chosen layers.
@@ -21,6 +22,7 @@ from pipelines.distill import (
 from tasks import get_task
 from tests.conftest import build_tiny_bert, classification_config, sentiment_rows
 from tests.test_cli_ner import ner_sentences, toy_ner_config, toy_ner_model
+from tests.test_cli_qa import NAMES, QUESTION, qa_config, synthetic_squad, write_data
 
 PINNED = ["train.mixed_precision='no'", "train.torch_num_threads=1", "train.eval_steps=null"]
 
@@ -101,14 +103,14 @@ def _kl_batches(tokenizer, texts, **kwargs):
     return [tokenizer(texts[i : i + 16], padding=True, truncation=True, max_length=32, return_tensors="pt", **kwargs) for i in range(0, len(texts), 16)]
 
 
-def random_student(folder: Path, teacher_dir: Path) -> Path:
+def random_student(folder: Path, teacher_dir: Path, auto_class=None) -> Path:
     """A 1-layer student with random weights (head included) and the teacher's tokenizer and labels."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     config = AutoConfig.from_pretrained(teacher_dir)
     config.num_hidden_layers = 1
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    (auto_class or AutoModelForSequenceClassification).from_config(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(folder)
     return folder
 
@@ -171,3 +173,60 @@ def test_distill_ner_from_teacher_layers_stays_closer_to_the_teacher_than_fine_t
     # start" is not the claim. The claim: distillation keeps it an order of magnitude closer to the
     # teacher than training the same start on the labels alone.
     assert kl["distilled"] < 0.1 * kl["fine_tuned"] and kl["distilled"] < 0.05, (start, kl)
+
+
+@torch.no_grad()
+def span_kls(student, teacher, batches) -> dict[str, float]:
+    """KL(teacher || student) of the start and of the end distribution (T = 1), each over real positions."""
+    totals = {"start_logits": 0.0, "end_logits": 0.0}
+    for batch in batches:
+        padding = ~batch["attention_mask"].bool()
+        student_outputs, teacher_outputs = student(**batch), teacher(**batch)
+        for name in totals:
+            pair = (getattr(outputs, name).masked_fill(padding, -1e4) for outputs in (student_outputs, teacher_outputs))
+            totals[name] += float(soft_target_kl(*pair, 1.0)) / len(batches)
+    return totals
+
+
+def test_distill_qa_lowers_start_and_end_kl_and_the_student_predicts_and_serves(tmp_path):
+    """``bertpipe distill`` on a QA teacher: a random 1-layer student moves towards the teacher's start
+    and end distributions, and its run answers through ``bertpipe predict`` and ``pipeline()`` alike."""
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
+
+    from tasks import load_tasks
+    from tasks.cli import main
+
+    (tmp_path / "qa").mkdir()
+    path = qa_config(tmp_path / "qa", build_tiny_bert(tmp_path / "qa" / "tiny", vocab_words=NAMES * 5),
+                     write_data(tmp_path / "qa", unanswerable=0.0), v2=False)
+    teacher_dir = train_config(load_config(path, [*PINNED, "train.max_steps=48", f"output_dir={tmp_path / 'teacher'}"], options_for))
+    start_dir = random_student(tmp_path / "start", teacher_dir, AutoModelForQuestionAnswering)
+    student_dir = tmp_path / "student"
+    assert main(["distill", str(teacher_dir), str(path), *PINNED, f"output_dir={student_dir}", f"model.name_or_path={start_dir}",
+                 "distill.init=model", "train.max_steps=48", "distill.alpha=0.9"]) == 0
+
+    teacher = AutoModelForQuestionAnswering.from_pretrained(teacher_dir).eval()
+    start = AutoModelForQuestionAnswering.from_pretrained(start_dir).eval()
+    student = AutoModelForQuestionAnswering.from_pretrained(student_dir).eval()
+    assert student.config.num_hidden_layers == 1
+    tokenizer = AutoTokenizer.from_pretrained(student_dir)
+    paragraphs = [p for article in synthetic_squad(32, seed=4)["data"] for p in article["paragraphs"]]
+    batches = [tokenizer([QUESTION] * len(chunk), [p["context"] for p in chunk], truncation="only_second", max_length=40,
+                         padding=True, return_tensors="pt") for chunk in (paragraphs[:16], paragraphs[16:])]
+    before, after = span_kls(start, teacher, batches), span_kls(student, teacher, batches)
+    for name in before:
+        assert after[name] < 0.1 * before[name], (name, before, after)
+
+    inputs = tmp_path / "inputs.jsonl"
+    contexts = ["the plot was dull and bob was fine", "grace said the film was a story with very and plot"]
+    inputs.write_text("".join(json.dumps({"id": str(i), "question": QUESTION, "context": c}) + "\n" for i, c in enumerate(contexts)))
+    assert main(["predict", str(student_dir), "--input", str(inputs), "--output", str(tmp_path / "answers.jsonl")]) == 0
+    assert main(["predict", str(teacher_dir), "--input", str(inputs), "--output", str(tmp_path / "teacher.jsonl")]) == 0
+    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert [a["answer"] for a in answers] == [json.loads(line)["answer"] for line in (tmp_path / "teacher.jsonl").read_text().splitlines()]
+    load_tasks()  # registers the question-answering pipeline
+    served = pipeline("question-answering", model=str(student_dir))
+    for context, answer in zip(contexts, answers):
+        assert context[answer["start"] : answer["end"]] == answer["answer"]
+        reply = served(question=QUESTION, context=context)
+        assert (reply["answer"], reply["start"], reply["end"]) == (answer["answer"], answer["start"], answer["end"])
