@@ -220,6 +220,13 @@ class TrainConfig(Section):
         """``eval_batch_size``, else twice ``batch_size`` (evaluation keeps no gradients, so twice fits)."""
         return self.eval_batch_size or self.batch_size * 2
 
+    def metric_greater_is_better(self, metric: str | None, higher_is_better: dict[str, bool]) -> bool:
+        """``greater_is_better`` when set, else the task's direction for ``metric`` (``eval_`` prefix or
+        not; a task's ``higher_is_better`` names only the exceptions, so the default is higher)."""
+        if self.greater_is_better is not None:
+            return self.greater_is_better
+        return higher_is_better.get((metric or "").removeprefix("eval_"), True)
+
     @model_validator(mode="after")
     def _best_model_needs_metric(self) -> "TrainConfig":
         if (self.load_best_model_at_end or self.early_stopping_patience) and not self.metric_for_best_model:

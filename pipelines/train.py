@@ -370,10 +370,7 @@ class BestModel:
     @classmethod
     def from_config(cls, config: RunConfig, task: Task) -> "BestModel":
         metric_name = config.train.metric_for_best_model
-        greater_is_better = (
-            config.train.greater_is_better if config.train.greater_is_better is not None
-            else task.higher_is_better.get((metric_name or "").removeprefix("eval_"), True)
-        )
+        greater_is_better = config.train.metric_greater_is_better(metric_name, task.higher_is_better)
         folder = Path(config.output_dir) / BEST_MODEL_DIR if config.train.load_best_model_at_end else None
         return cls(metric_name, greater_is_better, folder, config.train.early_stopping_patience)
 

@@ -175,9 +175,7 @@ def run_to_accuracy(
         log(f"seed {seed}: bertpipe")
         ours = RunSpec(setting="bertpipe", seed=seed, tree=bertpipe_tree, output_dir=str(out / "runs" / f"bertpipe-seed{seed}"))
         curves.append(run_in_child(ours, get_task, run_bertpipe_curve, metric))
-    greater_is_better = config.train.greater_is_better
-    if greater_is_better is None:
-        greater_is_better = get_task(config.task).higher_is_better.get(metric, True)
+    greater_is_better = config.train.metric_greater_is_better(metric, get_task(config.task).higher_is_better)
     summary = summarize_to_accuracy(references, curves, metric=metric, greater_is_better=greater_is_better)
     header = {
         "config": config_label, "seeds": seeds, "precision": curves[0]["precision"],

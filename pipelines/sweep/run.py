@@ -58,10 +58,7 @@ def run_sweep(
     metric = base.train.metric_for_best_model or DEFAULT_OBJECTIVES.get(base.task)
     if not metric:
         raise SweepError(f"{config_path}: set train.metric_for_best_model: the objective of the sweep")
-    if base.train.greater_is_better is not None:
-        maximize = base.train.greater_is_better
-    else:
-        maximize = get_task(base.task).higher_is_better.get(metric.removeprefix("eval_"), True)
+    maximize = base.train.metric_greater_is_better(metric, get_task(base.task).higher_is_better)
     make_pruner(pruner, trials)  # an unknown name fails here, before anything is written
     output_dir = Path(base.output_dir)
     plan = SweepPlan(

@@ -113,3 +113,14 @@ def test_config_eval_batch_size_defaults_to_twice_the_train_batch():
 
     assert TrainConfig(batch_size=8).eval_batch_size_or_default == 16
     assert TrainConfig(batch_size=8, eval_batch_size=5).eval_batch_size_or_default == 5
+
+
+def test_config_metric_direction_is_the_setting_else_the_tasks_else_higher():
+    from pipelines.config import TrainConfig
+
+    task_directions = {"loss": False}
+    assert TrainConfig().metric_greater_is_better("eval_loss", task_directions) is False
+    assert TrainConfig().metric_greater_is_better("loss", task_directions) is False
+    assert TrainConfig().metric_greater_is_better("eval_accuracy", task_directions) is True
+    assert TrainConfig().metric_greater_is_better(None, task_directions) is True
+    assert TrainConfig(greater_is_better=True).metric_greater_is_better("eval_loss", task_directions) is True
