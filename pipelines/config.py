@@ -174,6 +174,11 @@ class TrainConfig(Section):
     """With ``group_by_length``: how many batches' worth of randomly drawn examples are sorted by
     length together. 50 (the Trainer's mega-batch) removes most padding; a few batches keep each
     batch a more varied draw (more padding), which matters when length tracks content (CoNLL NER)."""
+    pack_sequences: bool = False
+    """Token-level tasks (NER): put a random batch's examples side by side in shared rows, each
+    attending only to itself, instead of padding each one. Random batches at about the padding of
+    ``group_by_length`` (which it replaces); refused, before training, for tasks and model families
+    whose packed forward would not equal the unpacked one (``docs/benchmark.md``)."""
     logging_steps: int = Field(default=10, gt=0)
     """Log the training loss every N optimizer updates."""
     eval_steps: int | None = Field(default=None, gt=0)

@@ -54,6 +54,9 @@ class Task(Protocol):
     has no pipeline for the task (the card then shows ``card_model_usage``)."""
     card_model_usage: ClassVar[str | None]
     """Python the model card runs on ``model`` and ``tokenizer`` when there is no pipeline to show."""
+    packable: ClassVar[bool]
+    """Whether training batches may be packed (``train.pack_sequences``): the collator's outputs are all
+    per token, so examples can share a row (token classification, not a pooled [CLS] head)."""
 
     config: RunConfig
     tokenizer: PreTrainedTokenizerBase | None

@@ -40,6 +40,7 @@ from pipelines.modeling import (
     save_merged_model,
 )
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
+from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.runtime import build_accelerator, wrap_model_layers_for_fsdp
 from pipelines.task import Task
 
@@ -81,7 +82,7 @@ def train(
     # Everything that can refuse the run is checked before anything in output_dir changes: the folder
     # rules, the resume settings, then data, tokenizer, model, sequence length and the checkpoint's
     # tensors. Only then is an old run replaced (overwrite=true) and the new config written.
-    replace_old_run, resume_folder = _check_run_settings(config)
+    replace_old_run, resume_folder = _check_run_settings(config, task)
     run_dir = Path(config.output_dir)
     accelerator = build_accelerator(config)
     set_seed(config.seed)
@@ -99,8 +100,8 @@ def train(
         model.compile()
     eval_batch_size = config.train.eval_batch_size_or_default
     train_loader, train_sampler = train_dataloader(
-        train_features, task.collator(train=True), config.train.batch_size,
-        seed=config.seed, group_by_length=config.train.group_by_length,
+        train_features, _train_collator(config, task, model, train_features), config.train.batch_size,
+        seed=config.seed, group_by_length=config.train.group_by_length and not config.train.pack_sequences,
         length_group_batches=config.train.length_group_batches, num_workers=config.train.dataloader_num_workers,
     )
     eval_loader, eval_sampler = eval_dataloader(
@@ -178,8 +179,9 @@ def train(
             interval_loss += loss.detach()
             interval_batches += 1
             state.batches_in_epoch += 1
-            samples_seen += batch["input_ids"].shape[0]
-            tokens_seen += batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
+            batch_samples, batch_tokens = count_samples_and_tokens(batch)
+            samples_seen += batch_samples
+            tokens_seen += batch_tokens
             if not accelerator.sync_gradients:
                 continue
 
@@ -226,9 +228,13 @@ def train(
 
 
 # ----- set-up -------------------------------------------------------------------------------
-def _check_run_settings(config: RunConfig) -> tuple[bool, Path | None]:
-    """The output folder rules and the resume settings, before anything is loaded or written:
-    (whether an old run will be replaced, the checkpoint to resume from)."""
+def _check_run_settings(config: RunConfig, task: Task) -> tuple[bool, Path | None]:
+    """The output folder rules, the resume settings and the settings the task cannot honour, before
+    anything is loaded or written: (whether an old run will be replaced, the checkpoint to resume from)."""
+    if config.train.pack_sequences and not task.packable:
+        raise ConfigError(f"train.pack_sequences: the {task.name} task's batches cannot be packed (only per-token tasks such as ner)")
+    if config.train.pack_sequences and config.distill is not None:
+        raise ConfigError("train.pack_sequences: not with distill (the teacher would need packed inputs too)")
     replace_old_run = outputs.check_output_dir(config)
     resume_folder = None
     if config.train.resume_from_checkpoint:
@@ -248,6 +254,18 @@ def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.
         # loop does not change, and student_of() unwraps it wherever the model is saved.
         model = build_distillation_model(model, config, task)
     return model
+
+
+def _train_collator(config: RunConfig, task: Task, model: torch.nn.Module, train_features) -> Callable:
+    """The task's training collator, packed under ``train.pack_sequences`` once packing is shown exact for this model."""
+    collate = task.collator(train=True)
+    if not config.train.pack_sequences:
+        return collate
+    packing = PackingCollator(collate, pad_token_id=task.tokenizer.pad_token_id, position_offset=position_offset(model))
+    # A handful of real features of different lengths, so rows hold several examples and padding.
+    probe = [train_features[index] for index in range(min(8, len(train_features)))]
+    check_packing_is_exact(model, collate, packing, probe, family=model.config.model_type)
+    return packing
 
 
 def _open_run_dir(

@@ -53,6 +53,7 @@ class ClassificationTask(TaskBase):
     onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
     card_pipeline_input: ClassVar[str | None] = '"a gripping, beautifully acted film"'
     card_model_usage: ClassVar[str | None] = None
+    packable: ClassVar[bool] = False  # the head reads each row's first token
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)

@@ -94,6 +94,7 @@ class NerTask(TaskBase):
     onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
     card_pipeline_input: ClassVar[str | None] = '"Angela Merkel visited Paris in May."'
     card_model_usage: ClassVar[str | None] = None
+    packable: ClassVar[bool] = True
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)

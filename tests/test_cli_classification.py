@@ -120,3 +120,12 @@ def test_cli_early_stopping_best_model_and_tensorboard(tmp_path, tiny_bert, sent
     assert metrics["eval_accuracy"] == pytest.approx(metrics["best_metric"])
     assert list((tmp_path / "patience" / "tracking").rglob("events.out.tfevents*"))
     assert not (tmp_path / "patience" / "best_model").exists()
+
+
+def test_cli_pack_sequences_is_refused_for_classification_before_anything_is_written(tiny_bert, sentiment_files, tmp_path):
+    config = classification_config(tmp_path, tiny_bert, sentiment_files)
+    refused = run_cli("train", str(config), "train.pack_sequences=true", check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert "train.pack_sequences" in refused.stderr and "classification" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "run").exists()

@@ -229,3 +229,24 @@ def test_cli_ner_lora_adapter_run_trains_and_reloads(ner_setup, tmp_path):
     from tests.conftest import check_lora_run
 
     check_lora_run(ner_setup["config"], tmp_path / "lora", "eval_accuracy", pipeline_input="alice lives in paris")
+
+
+def test_cli_ner_packed_training_counts_every_example_and_learns(tmp_path):
+    """``train.pack_sequences``: random batches packed into shared rows train as well as padded ones, and
+    the run's sample and token counts are those of the examples, not of the rows."""
+    from pipelines.config import load_config
+    from tasks import get_task
+
+    config = toy_ner_config(tmp_path, toy_ner_model(tmp_path))
+    run_cli("train", str(config), "train.pack_sequences=true")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["eval_f1"] >= 0.9, metrics
+
+    loaded = load_config(config, [], lambda name: get_task(name).Options)
+    task = get_task(loaded.task)(loaded)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    features = task.preprocess(raw[loaded.data.train_split], train=True)
+    assert metrics["train_samples"] == loaded.train.num_epochs * len(features)
+    assert metrics["train_tokens"] == loaded.train.num_epochs * sum(len(ids) for ids in features["input_ids"])
+    assert "pack_sequences: true" in (tmp_path / "run" / "config.yaml").read_text()

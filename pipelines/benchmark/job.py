@@ -91,6 +91,8 @@ def setting_precision(config: RunConfig, setting: str) -> str:
 
 
 def setting_sampler(config: RunConfig, setting: str) -> str:
+    if setting == "bertpipe" and config.train.pack_sequences:
+        return "random, packed"
     window = config.train.length_group_batches
     if setting == "bertpipe" and config.train.group_by_length and window != TRAINER_LENGTH_GROUP_BATCHES:
         return f"length-grouped by {window} batches"

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from pipelines.packing import count_samples_and_tokens
+
 FLOPS_PER_TOKEN_PER_PARAMETER = 6
 """Forward (2) + backward (4) multiply-adds per non-embedding parameter per token (Kaplan et al.)."""
 
@@ -89,10 +91,10 @@ class TrainingCounter:
         if not module.training:
             return
         input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
-        mask = kwargs.get("attention_mask")
-        self.samples += input_ids.shape[0]
+        samples, tokens = count_samples_and_tokens({"input_ids": input_ids, "attention_mask": kwargs.get("attention_mask")})
+        self.samples += samples
         # A tensor sum, no .item(): no device sync per step on accelerators.
-        self.tokens += (mask.sum() if mask is not None else input_ids.numel())
+        self.tokens += tokens
 
     def remove(self) -> tuple[int, int]:
         """Stop counting; returns (samples, tokens)."""

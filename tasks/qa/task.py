@@ -83,6 +83,7 @@ with torch.no_grad():
     outputs = model(**inputs)
 start, end = int(outputs.start_logits.argmax()), int(outputs.end_logits.argmax())
 print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
+    packable: ClassVar[bool] = False  # start/end positions index the row
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)

@@ -46,6 +46,7 @@ class TranslationTask(TranslationModelBuilding, TaskBase):
     card_model_usage: ClassVar[str | None] = """inputs = tokenizer(["A man is riding a bicycle."], return_tensors="pt")
 generated = model.generate(**inputs, max_new_tokens=64, num_beams=4)
 print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
+    packable: ClassVar[bool] = False  # encoder-decoder batches
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
