@@ -178,7 +178,7 @@ class TrainConfig(Section):
     """Token-level tasks (NER): put a random batch's examples side by side in shared rows, each
     attending only to itself, instead of padding each one. Random batches at about the padding of
     ``group_by_length`` (which it replaces); refused, before training, for tasks and model families
-    whose packed forward would not equal the unpacked one (``docs/benchmark.md``)."""
+    whose packed forward would not equal the unpacked one (``docs/ner.md``)."""
     logging_steps: int = Field(default=10, gt=0)
     """Log the training loss every N optimizer updates."""
     eval_steps: int | None = Field(default=None, gt=0)

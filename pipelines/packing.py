@@ -99,11 +99,12 @@ class PackingCollator:
         return batch
 
 
-def count_samples_and_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, torch.Tensor]:
-    """(examples, non-padding tokens) in a batch, packed or padded; tokens stay a tensor (no device sync)."""
+def count_samples_and_tokens(batch: dict[str, torch.Tensor]) -> tuple[int | torch.Tensor, int | torch.Tensor]:
+    """(examples, non-padding tokens) in a batch, packed or padded. Counts read from tensors stay tensors:
+    an ``int()`` per step would wait for the device on accelerators."""
     mask = batch.get("attention_mask")
     if mask is None:
-        return batch["input_ids"].shape[0], torch.tensor(batch["input_ids"].numel())
+        return batch["input_ids"].shape[0], batch["input_ids"].numel()
     if mask.dim() == 2:
         return batch["input_ids"].shape[0], mask.sum()
     pairs = mask[:, 0]
@@ -111,7 +112,7 @@ def count_samples_and_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, torch
     # An example starts at a real token that cannot see the token before it.
     continues = torch.zeros_like(real)
     continues[:, 1:] = pairs.diagonal(offset=-1, dim1=-2, dim2=-1)
-    return int((real & ~continues).sum()), real.sum()
+    return (real & ~continues).sum(), real.sum()
 
 
 def check_packing_is_exact(model: torch.nn.Module, collate: Callable, packing: PackingCollator, features: list[dict[str, Any]],
@@ -131,7 +132,9 @@ def check_packing_is_exact(model: torch.nn.Module, collate: Callable, packing: P
             batch = packing(features)
             packed_logits = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"}).logits.float()
     except (TypeError, ValueError, RuntimeError) as error:
-        raise ConfigError(f"train.pack_sequences: the {family} model cannot run packed batches ({error})") from None
+        raise ConfigError(
+            f"train.pack_sequences: the {family} model cannot run packed batches ({error}); set train.pack_sequences=false"
+        ) from None
     finally:
         model.train(was_training)
     lengths = [logits.shape[0] for logits in alone]
@@ -145,5 +148,6 @@ def check_packing_is_exact(model: torch.nn.Module, collate: Callable, packing: P
     if worst > atol:
         raise ConfigError(
             f"train.pack_sequences: packed and unpacked {family} forwards differ by up to {worst:.2e} "
-            f"(tolerance {atol:g}); this model family places positions or masks in a way packing does not reproduce"
+            f"(tolerance {atol:g}): this model family places positions or masks in a way packing does not reproduce; "
+            "set train.pack_sequences=false"
         )

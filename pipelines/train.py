@@ -139,8 +139,8 @@ def train(
         return predictions, metrics
 
     progress = tqdm(total=plan.total_updates, initial=state.global_step, desc="train", disable=not accelerator.is_local_main_process)
-    samples_seen = 0
-    # A tensor, not an int: int(mask.sum()) every step would force a device sync on accelerators.
+    # Tensors, not ints: int(mask.sum()) every step would force a device sync on accelerators.
+    samples_seen = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     tokens_seen = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     interval_loss = torch.zeros((), device=accelerator.device)
     interval_batches = 0
@@ -153,7 +153,7 @@ def train(
 
     def update_totals() -> None:
         """Whole-run totals over all processes into ``state`` (a collective: every process calls it)."""
-        state.train_samples = earlier_samples + int(accelerator.reduce(torch.tensor(samples_seen, device=accelerator.device), reduction="sum").item())
+        state.train_samples = earlier_samples + int(accelerator.reduce(samples_seen.clone(), reduction="sum").item())
         state.train_tokens = earlier_tokens + int(accelerator.reduce(tokens_seen.clone(), reduction="sum").item())
         state.train_runtime = earlier_runtime + (time.perf_counter() - train_started)
 
@@ -232,7 +232,7 @@ def _check_run_settings(config: RunConfig, task: Task) -> tuple[bool, Path | Non
     """The output folder rules, the resume settings and the settings the task cannot honour, before
     anything is loaded or written: (whether an old run will be replaced, the checkpoint to resume from)."""
     if config.train.pack_sequences and not task.packable:
-        raise ConfigError(f"train.pack_sequences: the {task.name} task's batches cannot be packed (only per-token tasks such as ner)")
+        raise ConfigError(f"train.pack_sequences: the {task.name} task's batches cannot be packed (only per-token tasks such as ner pack)")
     if config.train.pack_sequences and config.distill is not None:
         raise ConfigError("train.pack_sequences: not with distill (the teacher would need packed inputs too)")
     replace_old_run = outputs.check_output_dir(config)

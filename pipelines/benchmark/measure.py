@@ -83,8 +83,9 @@ class TrainingCounter:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.samples = 0
-        self.tokens = torch.zeros((), dtype=torch.int64)
+        # Ints that become tensors on the batch's device on first use: no .item() per step, no device sync.
+        self.samples: int | torch.Tensor = 0
+        self.tokens: int | torch.Tensor = 0
         self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -92,11 +93,10 @@ class TrainingCounter:
             return
         input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
         samples, tokens = count_samples_and_tokens({"input_ids": input_ids, "attention_mask": kwargs.get("attention_mask")})
-        self.samples += samples
-        # A tensor sum, no .item(): no device sync per step on accelerators.
-        self.tokens += tokens
+        self.samples = self.samples + samples
+        self.tokens = self.tokens + tokens
 
     def remove(self) -> tuple[int, int]:
         """Stop counting; returns (samples, tokens)."""
         self._handle.remove()
-        return self.samples, int(self.tokens)
+        return int(self.samples), int(self.tokens)

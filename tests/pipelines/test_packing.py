@@ -65,7 +65,8 @@ def test_packed_batch_layout_positions_labels_and_mask(tiny_ner):
         assert (batch["labels"][row, start:] == -100).all()
         assert mask[row, start:, 0].all() and mask[row, start:].sum() == width - start  # padding sees token 0 only
     assert sorted(seen) == list(range(len(features)))
-    assert count_samples_and_tokens(batch) == (len(features), sum(lengths))
+    samples, tokens = count_samples_and_tokens(batch)
+    assert (int(samples), int(tokens)) == (len(features), sum(lengths))
 
 
 def test_count_samples_and_tokens_of_padded_batches(tiny_ner):
