@@ -79,3 +79,20 @@ def test_gpu_fused_adamw_steps_on_the_device(tiny_bert):
     assert all(group["fused"] for group in optimizer.param_groups)
     assert all(p.device.type == "cuda" for p in model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_gpu_packed_ner_trains_and_counts_examples_on_the_device(tmp_path):
+    """``train.pack_sequences`` on CUDA: the block-diagonal 4-D masks and restarted positions travel to the device,
+    the exactness probe passes before ``prepare`` moves the model, and samples/tokens are counted without a sync."""
+    from tests.test_cli_ner import toy_ner_config, toy_ner_model
+
+    config = toy_ner_config(tmp_path, toy_ner_model(tmp_path))
+    precision = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+    run_cli("train", str(config), "train.pack_sequences=true", f"train.mixed_precision={precision}")
+    metrics = metrics_of(tmp_path / "run")
+    assert metrics["mixed_precision"] == precision and metrics["eval_f1"] >= 0.9, metrics
+    unpacked = tmp_path / "unpacked"
+    run_cli("train", str(config), f"output_dir={unpacked}", f"train.mixed_precision={precision}")
+    # The same examples per epoch whichever way they are batched.
+    assert metrics["train_samples"] == metrics_of(unpacked)["train_samples"]
+    assert metrics["train_tokens"] == metrics_of(unpacked)["train_tokens"]
