@@ -45,28 +45,20 @@ def test_families_packing_is_exact_or_refused(family, family_checkpoint):
 
 
 @pytest.mark.parametrize("family,refused", [("roberta", False), ("deberta-v2", True)])
-def test_families_packed_ner_run_trains_or_exits_2_before_writing(family, refused, family_checkpoint, tmp_path, capsys):
-    """Through ``bertpipe train``: RoBERTa (positions from ``padding_idx + 1``) trains packed; DeBERTa-v2
-    ends with exit status 2, one message naming the key, and nothing written."""
-    from accelerate.state import AcceleratorState
-
-    from tasks.cli import main
-    from tests.conftest import write_jsonl
+def test_families_packed_ner_run_trains_or_exits_2_before_writing(family, refused, family_checkpoint, tmp_path):
+    """Through ``bertpipe train`` (a fresh process, as a user runs it): RoBERTa (positions from ``padding_idx + 1``)
+    trains packed; DeBERTa-v2 ends with exit status 2, one message naming the key, and nothing written."""
+    from tests.conftest import run_cli, write_jsonl
     from tests.families.matrix import ner_rows, write_config
 
     files = {"train": write_jsonl(tmp_path / "train.jsonl", ner_rows(40, seed=1)),
              "validation": write_jsonl(tmp_path / "validation.jsonl", ner_rows(8, seed=2))}
     config = write_config(tmp_path, "ner", family_checkpoint(family), files, train="  max_steps: 3\n  pack_sequences: true")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    try:
-        status = main(["train", str(config)])
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
+    result = run_cli("train", str(config), check=not refused)
     if refused:
-        assert status == 2
-        err = capsys.readouterr().err
-        assert "train.pack_sequences" in err and "set train.pack_sequences=false" in err and "Traceback" not in err
+        assert result.returncode == 2, result.stderr
+        assert "train.pack_sequences" in result.stderr and "set train.pack_sequences=false" in result.stderr
+        assert "Traceback" not in result.stderr
         assert not any((tmp_path / "run").glob("*"))  # the folder check leaves output_dir created, empty
     else:
-        assert status == 0
         assert json.loads((tmp_path / "run" / "metrics.json").read_text())["train_samples"] == 3 * 8
