@@ -71,10 +71,15 @@ class PackingCollator:
         self.position_offset = position_offset
         self.label_pad = label_pad
 
+    @staticmethod
+    def layout(lengths: list[int]) -> list[list[int]]:
+        """Which examples share each row, in row order: what :func:`check_packing_is_exact` reads back."""
+        return first_fit_decreasing(lengths, max(lengths))
+
     def __call__(self, features: list[dict[str, Any]]) -> PackedBatch:
         singles = [self.collate([feature]) for feature in features]
         lengths = [int(single["input_ids"].shape[1]) for single in singles]
-        rows = first_fit_decreasing(lengths, max(lengths))
+        rows = self.layout(lengths)
         width = max(sum(lengths[i] for i in row) for row in rows)
         keys = [key for key in singles[0] if key != "attention_mask"]
         for key in keys:
@@ -138,7 +143,7 @@ def check_packing_is_exact(model: torch.nn.Module, collate: Callable, packing: P
     finally:
         model.train(was_training)
     lengths = [logits.shape[0] for logits in alone]
-    rows = first_fit_decreasing(lengths, max(lengths))
+    rows = packing.layout(lengths)
     worst = 0.0
     for row_index, row in enumerate(rows):
         start = 0

@@ -96,7 +96,7 @@ class MlmTask(TaskBase):
     onnx_outputs: ClassVar[tuple[str, ...]] = ()
     card_pipeline_input: ClassVar[str | None] = 'f"Paris is the {predictor.tokenizer.mask_token} of France."'
     card_model_usage: ClassVar[str | None] = None
-    packable: ClassVar[bool] = False  # masking draws per batch; packed masking is not built yet
+    packable: ClassVar[bool] = False  # mlm.packing already fills whole blocks from the token stream
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
