@@ -26,9 +26,11 @@ truncated and padded per batch. Masking (``mlm_probability`` of the tokens, of w
 special tokens never) happens in the collator, so every epoch sees new masks; evaluation masks are
 drawn once per example from ``(seed, example index)``, so two evaluations of a model agree.
 Whole-word masking groups tokens by the fast tokenizer's ``word_ids()`` (any tokenizer, not only
+WordPiece ``##`` pieces).
 
 The package, in the order data flows through it:
 
+- :mod:`tasks.mlm.options`: the ``mlm:`` options (:class:`MlmOptions`).
 - :mod:`tasks.mlm.corpus`: rows -> cleaned rows, documents and the held-out split.
 - :mod:`tasks.mlm.tokenizer`: a WordPiece tokenizer trained on the corpus; any tokenizer's special-token template.
 - :mod:`tasks.mlm.examples`: token rows -> packed blocks, or sentence pairs for next-sentence prediction.
@@ -47,7 +49,8 @@ from tasks.mlm.masking import (
     pad_batch,
     random_token_ids,
 )
-from tasks.mlm.task import MlmOptions, MlmTask, masked_lm_metrics
+from tasks.mlm.options import MlmOptions
+from tasks.mlm.task import MlmTask, masked_lm_metrics
 from tasks.mlm.tokenizer import (
     BERT_SPECIAL_TOKENS,
     DEFAULT_VOCAB_SIZE,

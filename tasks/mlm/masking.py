@@ -11,16 +11,14 @@ Out: (corrupted input ids, labels with -100 outside the targets): ``mlm_probabil
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from tasks.mlm.examples import NO_WORD
-
-if TYPE_CHECKING:
-    from tasks.mlm.task import MlmOptions
+from tasks.mlm.options import MlmOptions
 
 IGNORE_INDEX = -100
 

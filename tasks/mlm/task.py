@@ -1,6 +1,6 @@
 """The masked-LM task: :class:`MlmTask`, which the pipeline's train/evaluate/predict loop drives, and its metrics.
 
-In:  a ``RunConfig`` with ``task: mlm`` and its ``mlm:`` options (:class:`MlmOptions`); a text corpus
+In:  a ``RunConfig`` with ``task: mlm`` and its ``mlm:`` options (:mod:`tasks.mlm.options`); a text corpus
      (plain-text files, a Hub text dataset, or jsonl/csv/parquet with a text column);
      ``model.name_or_path`` set means continued pretraining, unset a new model from ``model.architecture``.
 Out: cleaned splits (:mod:`tasks.mlm.corpus`), a tokenizer (:mod:`tasks.mlm.tokenizer`), packed or
@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from datasets import Dataset, DatasetDict
-from pydantic import Field, model_validator
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pipelines.config import RunConfig, TaskOptions
@@ -30,42 +29,10 @@ from pipelines.task import TaskBase
 from tasks.mlm.corpus import clean_rows, hold_out_documents, split_documents
 from tasks.mlm.examples import NO_WORD, make_sentence_pairs, number_words, pack_blocks
 from tasks.mlm.masking import IGNORE_INDEX, MaskingCollator, eval_masking_rng, mask_tokens, random_token_ids
+from tasks.mlm.options import MlmOptions
 from tasks.mlm.tokenizer import DEFAULT_VOCAB_SIZE, special_template, train_wordpiece_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-class MlmOptions(TaskOptions):
-    mlm_probability: float = Field(default=0.15, gt=0, lt=1)
-    """Share of the (non-special) tokens chosen as prediction targets."""
-    mask_replace_prob: float = Field(default=0.8, ge=0, le=1)
-    """Of the chosen tokens: share replaced by the mask token."""
-    random_replace_prob: float = Field(default=0.1, ge=0, le=1)
-    """Of the chosen tokens: share replaced by a random (non-special) token; the rest stay unchanged."""
-    whole_word_mask: bool = False
-    """Choose whole words (all their tokens, grouped by ``word_ids()``) instead of single tokens."""
-    packing: bool = True
-    """Pack the token stream into full blocks of ``data.max_seq_length``; false = one row per example."""
-    next_sentence_prediction: bool = False
-    """Sentence-pair inputs with segment ids and BERT's next-sentence objective (BertForPreTraining)."""
-    drop_headings: bool = True
-    """Drop WikiText heading rows (`` = Title = ``); empty rows are always dropped."""
-    corpus_unk_token: str | None = "<unk>"
-    """A marker the corpus uses for unknown words (WikiText: ``<unk>``), read as the tokenizer's unknown token."""
-    tokenizer_vocab_size: int | None = Field(default=None, gt=0)
-    """Vocabulary of a tokenizer trained here; default ``model.architecture.vocab_size``, else 30,522."""
-    lowercase: bool = True
-    """Lowercase (and strip accents) in a tokenizer trained here (an uncased model)."""
-    tokenizer_min_frequency: int = Field(default=2, ge=1)
-    """Minimum count of a merge for the WordPiece trainer."""
-    top_k: int = Field(default=5, gt=0)
-    """Fillers reported per mask token by ``bertpipe predict``."""
-
-    @model_validator(mode="after")
-    def _replacement_shares(self) -> "MlmOptions":
-        if self.mask_replace_prob + self.random_replace_prob > 1:
-            raise ValueError("mask_replace_prob + random_replace_prob must not exceed 1 (the rest stay unchanged)")
-        return self
 
 
 # ----- metrics --------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from pipelines.data import DataError
 from pipelines.metrics import load_metric
 from tasks import get_task
 from tasks.ner import (
-    IGNORE_INDEX, NerTask, _tokenize_and_align, align_labels, b_to_i_map, check_sentence, first_piece_words, join_words,
-    order_labels, read_conll, select_word_predictions, split_words, word_entities, word_windows,
+    IGNORE_INDEX, NerTask, align_labels, b_to_i_map, check_sentence, first_piece_words, join_words,
+    order_labels, read_conll, select_word_predictions, split_words, tokenize_and_align, word_entities, word_windows,
 )
 from tests.conftest import REPO_ROOT, build_tiny_bert, shared_path
 
@@ -57,7 +57,7 @@ def tokenizer(tmp_path_factory):
 def test_ner_tokenize_and_align_labels_each_word_once_on_real_word_pieces(tokenizer):
     words = ["Storyfilmwarm", "visited", "Brightplotville", "on", "monday"]  # rare words break into several pieces
     tags = ["B-PER", "O", "B-LOC", "O", "O"]
-    features = _tokenize_and_align(
+    features = tokenize_and_align(
         {"tokens": [words], "tags": [tags]}, [0], tokenizer=tokenizer, max_length=64, stride=8,
         label2id=L, label_all_tokens=False, b_to_i=b_to_i_map(LABELS),
     )
@@ -69,7 +69,7 @@ def test_ner_tokenize_and_align_labels_each_word_once_on_real_word_pieces(tokeni
     # Labels sit exactly on the first pieces.
     assert [i for i, label in enumerate(labels) if label != IGNORE_INDEX] == [i for i, w in enumerate(word_index) if w >= 0]
 
-    all_pieces = _tokenize_and_align(
+    all_pieces = tokenize_and_align(
         {"tokens": [words], "tags": [tags]}, [0], tokenizer=tokenizer, max_length=64, stride=8,
         label2id=L, label_all_tokens=True, b_to_i=b_to_i_map(LABELS),
     )["labels"][0]
@@ -121,7 +121,7 @@ def test_ner_word_windows_cover_every_word_within_budget_and_advance():
 def test_ner_long_sentence_windows_lose_no_word(tokenizer):
     words = [f"w{i}" if i % 3 else "Brightplotville" for i in range(150)]
     tags = ["B-LOC" if i % 3 == 0 else "O" for i in range(150)]
-    features = _tokenize_and_align(
+    features = tokenize_and_align(
         {"tokens": [words], "tags": [tags]}, [7], tokenizer=tokenizer, max_length=24, stride=6,
         label2id=L, label_all_tokens=False, b_to_i=b_to_i_map(LABELS),
     )

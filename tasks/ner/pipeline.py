@@ -5,9 +5,10 @@ In:  a run directory (model, tokenizer, and in ``config.task_specific_params["to
      lists with ``is_split_into_words=True``, at call time.
 Out: per text the list ``bertpipe predict`` writes for it: ``{entity_group, word, start, end, score}``
      with ``word == text[start:end]`` (word lists also get ``start_word``/``end_word``), computed by
-     the same functions of :mod:`tasks.ner`: raw text split into words as predict splits it, words
-     encoded pre-split in word-boundary windows, each word tagged by its first piece, tags chunked
-     by seqeval. The two agree whatever the weights, for every tokenizer kind.
+     predict's own functions (:mod:`tasks.ner.windows`, :mod:`tasks.ner.entities`): raw text split
+     into words as predict splits it, words encoded pre-split in word-boundary windows, each word
+     tagged by its first piece, tags chunked by seqeval. The two agree whatever the weights, for
+     every tokenizer kind.
 
 Why not transformers' own aggregation. ``TokenClassificationPipeline`` groups pieces into words by a
 heuristic that depends on the tokenizer kind, and none of its strategies can agree with word-level
@@ -40,17 +41,9 @@ import numpy as np
 import torch
 from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
-from tasks.ner import (
-    PIPELINE_TASK,
-    WORD_AGGREGATION,
-    NerOptions,
-    encode_word_windows,
-    join_words,
-    select_word_predictions,
-    sentence_entities,
-    split_words,
-    word_tags,
-)
+from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
+from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions
+from tasks.ner.windows import encode_word_windows, select_word_predictions
 
 
 class WordTokenClassificationPipeline(TokenClassificationPipeline):

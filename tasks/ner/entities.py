@@ -1,0 +1,68 @@
+"""Words and entities: raw text -> words with character offsets, word tags -> entity spans in that text.
+
+In:  a raw text (``bertpipe predict`` on ``.txt`` lines or a jsonl ``text``), or pre-split words; per
+     word a tag name and a score.
+Out: CoNLL-like words with their ``(start, end)`` offsets; entities ``{entity_group, word, start, end,
+     score}`` chunked as seqeval's conlleval reading counts them, with ``word == text[start:end]``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+# Raw text -> words: runs of word characters (joined by inner hyphens, apostrophes, dots, ampersands
+# or slashes, so "U.S", "1996-08-22", "AT&T" stay one word) or single punctuation marks.
+_WORD = re.compile(r"\w+(?:[-'’.&/]\w+)*|[^\w\s]")
+
+
+def split_words(text: str) -> list[tuple[str, tuple[int, int]]]:
+    """Raw text -> CoNLL-like words with their ``(start, end)`` character offsets in ``text``."""
+    return [(match.group(), match.span()) for match in _WORD.finditer(text)]
+
+
+def join_words(words: Sequence[str], separator: str = " ") -> tuple[str, list[tuple[int, int]]]:
+    """Pre-tokenised words -> the text they make joined by ``separator``, and each word's offsets in it."""
+    offsets, position = [], 0
+    for word in words:
+        offsets.append((position, position + len(word)))
+        position += len(word) + len(separator)
+    return separator.join(words), offsets
+
+
+def word_tags(tag_ids: Sequence[int], label_names: Sequence[str]) -> list[str]:
+    """A sentence's word tag ids (-1: no window held the word) -> tag names.
+
+    A word no window could hold a piece of (a tokenizer that maps it to nothing) is tagged O, so that
+    it is still counted rather than dropped.
+    """
+    outside = list(label_names).index("O") if "O" in label_names else 0
+    return [label_names[i if i >= 0 else outside] for i in tag_ids]
+
+
+def sentence_entities(
+    tags: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str, *, raw_text: bool
+) -> list[dict[str, Any]]:
+    """The entities ``bertpipe predict`` reports for one text (``start_word``/``end_word`` for given words only)."""
+    entities = word_entities(tags, scores, offsets, text)
+    if raw_text:  # word indices refer to our own split of the text: not part of the answer
+        entities = [{k: v for k, v in e.items() if k not in ("start_word", "end_word")} for e in entities]
+    return entities
+
+
+def word_entities(
+    tags: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str
+) -> list[dict[str, Any]]:
+    """Word tags -> entity spans (conlleval chunking, as the metric counts them) with character offsets."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    entities = []
+    for entity_type, first, last in get_entities(list(tags)):
+        start, end = offsets[first][0], offsets[last][1]
+        entities.append({
+            "entity_group": entity_type, "word": text[start:end], "start": start, "end": end,
+            "score": round(float(np.mean(scores[first : last + 1])), 6), "start_word": first, "end_word": last + 1,
+        })
+    return entities

@@ -1,0 +1,129 @@
+"""Sentences from files: CoNLL column files and json/jsonl rows -> ``tokens``/``tags``/``location``, and their checks.
+
+In:  a CoNLL file (``token ... tag`` per line, a blank line between sentences, ``-DOCSTART-`` lines
+     skipped) or json/jsonl rows; a sentence's tokens and tags with the run's tag set.
+Out: one ``{"tokens", "tags", "location"}`` per sentence, ``location`` naming the file and line (or
+     record) for every later error; a ``DataError`` naming that place for an empty sentence, a length
+     mismatch, an unknown tag or a ragged column; the tag set in a stable order (``O`` first, then
+     each type's ``B``/``I``/``E``/``S``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from datasets import ClassLabel, Dataset
+
+from pipelines.data import DataError, json_records, naming_undecodable
+
+CONLL_SUFFIXES = (".txt", ".conll")
+JSON_SUFFIXES = (".json", ".jsonl")
+DOCSTART = "-DOCSTART-"
+_PREFIX_RANK = {"B": 0, "I": 1, "E": 2, "L": 2, "S": 3, "U": 3}
+
+
+def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1, encoding: str = "utf-8") -> list[dict[str, Any]]:
+    """CoNLL column file -> ``[{"tokens", "tags", "location"}]``, one dict per sentence.
+
+    Columns are split on whitespace; every token line of a file must have as many columns as the
+    first one. Blank lines end sentences (several in a row are one break); ``-DOCSTART-`` lines are
+    document markers, not words. ``location`` is ``path:line`` of the sentence's first token.
+    """
+    path = Path(path)
+    sentences: list[dict[str, Any]] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    start_line = 0
+    width: int | None = None
+    width_line = 0
+
+    def flush() -> None:
+        if tokens:
+            sentences.append({"tokens": list(tokens), "tags": list(tags), "location": f"{path}:{start_line}"})
+            tokens.clear()
+            tags.clear()
+
+    with naming_undecodable({"input": [path]}, encoding), open(path, encoding=encoding) as handle:
+        for number, line in enumerate(handle, start=1):
+            columns = line.split()
+            if not columns:
+                flush()
+                continue
+            if columns[0] == DOCSTART:
+                flush()
+                continue
+            if width is None:
+                width, width_line = len(columns), number
+                for name, index in (("conll_token_column", token_column), ("conll_tag_column", tag_column)):
+                    if not -width <= index < width:
+                        raise DataError(f"{path}:{number}: ner.{name}={index} but the file has {width} columns")
+                if width < 2:
+                    raise DataError(f"{path}:{number}: a CoNLL line needs a token and a tag column, found {width} column: {line.rstrip()!r}")
+            elif len(columns) != width:
+                raise DataError(
+                    f"{path}:{number}: {len(columns)} columns where the file has {width} (as on line {width_line}): {line.rstrip()!r}"
+                )
+            if not tokens:
+                start_line = number
+            tokens.append(columns[token_column])
+            tags.append(columns[tag_column])
+    flush()
+    return sentences
+
+
+def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
+    """``.jsonl`` (one object a line) or ``.json`` (a list of objects) -> rows with a ``location``."""
+    with naming_undecodable({"input": [path]}, encoding):
+        text = path.read_text(encoding=encoding)
+    if path.suffix.lower() == ".jsonl":
+        return [{**row, "location": f"{path}:{number}"} for number, row in json_records(text, path)]
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+    if isinstance(loaded, dict) and isinstance(loaded.get("data"), list):
+        loaded = loaded["data"]
+    if not isinstance(loaded, list) or not all(isinstance(row, dict) for row in loaded):
+        raise DataError(f"{path}: expected a list of objects (or {{'data': [...]}}), one per sentence")
+    return [{**row, "location": f"{path}, record {index}"} for index, row in enumerate(loaded)]
+
+
+def sentences_dataset(rows: list[dict[str, Any]]) -> Dataset:
+    return Dataset.from_list(rows) if rows else Dataset.from_dict({"tokens": [], "tags": [], "location": []})
+
+
+def check_sentence(tokens: Sequence[str], tags: Sequence[Any], label_set: set[str], location: str) -> None:
+    """Raise a DataError naming ``location`` for an empty sentence, a length mismatch or an unknown tag."""
+    if not isinstance(tokens, (list, tuple)) or not isinstance(tags, (list, tuple)):
+        raise DataError(f"{location}: tokens and tags must be lists, got {type(tokens).__name__} and {type(tags).__name__}")
+    if len(tokens) == 0:
+        raise DataError(f"{location}: empty sentence (no tokens)")
+    if len(tokens) != len(tags):
+        raise DataError(f"{location}: {len(tokens)} tokens but {len(tags)} tags (sentence starts {' '.join(map(str, tokens[:8]))!r})")
+    for position, (token, tag) in enumerate(zip(tokens, tags)):
+        if tag not in label_set:
+            raise DataError(
+                f"{location}: word {position} {token!r} has tag {tag!r}, which is not in the label set {order_labels(label_set)}"
+            )
+
+
+def order_labels(tags) -> list[str]:
+    """``O`` first, then chunk tags grouped by type (B, I, E, S within a type), then other tags sorted."""
+
+    def key(tag: str) -> tuple:
+        if tag == "O":
+            return (0, "", 0)
+        prefix, _, entity_type = tag.partition("-")
+        if entity_type and prefix in _PREFIX_RANK:
+            return (1, entity_type, _PREFIX_RANK[prefix])
+        return (2, tag, 0)
+
+    return sorted(set(tags), key=key)
+
+
+def class_label_names(split: Dataset, column: str) -> list[str] | None:
+    feature = split.features.get(column)
+    inner = getattr(feature, "feature", None)
+    return list(inner.names) if isinstance(inner, ClassLabel) else None
