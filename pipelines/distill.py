@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
-from pipelines.modeling import ModelError, is_peft_model
+from pipelines.errors import ModelError
+from pipelines.modeling import is_peft_model
 from pipelines.outputs import METRICS_FILE, load_saved_config
 from pipelines.task import Task
 

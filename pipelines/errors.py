@@ -22,6 +22,10 @@ class UserError(Exception):
     """Input (config, data, model, folders) that cannot be used; the message names key, file or row."""
 
 
+class ModelError(UserError, ValueError):
+    """A model or tokenizer that cannot serve the configured task (raised by the loaders and the ONNX runner)."""
+
+
 def describe(error: BaseException) -> str:
     """``Type: message`` of the most specific exception in a chain, on one line.
 

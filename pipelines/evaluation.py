@@ -29,6 +29,7 @@ from pipelines.errors import failures_named
 from pipelines.modeling import (
     MERGED_DIR, ModelError, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
 )
+from pipelines.onnx_model import is_export_dir
 from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, write_json
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
@@ -105,8 +106,6 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
     """An accelerator in the inference ``precision`` (fp32, bf16, fp16, auto), and the run's tokenizer
     and model; an adapter run comes back as a PeftModel on its base weights
     (``pipelines.modeling.load_model`` rebuilds it when the task loads ``model_path``)."""
-    from pipelines.export import is_export_dir
-
     # An export directory is finished by construction (only a finished run can be exported).
     if not (Path(run_dir) / METRICS_FILE).is_file() and not is_export_dir(run_dir):
         raise OutputDirError(

@@ -1,4 +1,4 @@
-"""Export a finished run to ONNX (optionally int8) and run an export directory on onnxruntime.
+"""Export a finished run to ONNX (optionally int8), checked against the torch model.
 
 In:  a finished run directory of an encoder task (``text-classification``, ``token-classification``,
      ``question-answering``): a full model, or a LoRA/IA3 run that holds ``merged/``.
@@ -25,10 +25,7 @@ the variant whose outputs lie closer to fp32 on the parity inputs is kept and bo
 recorded. Activation-by-activation products (attention scores QKᵀ and the attention-weighted
 values), LayerNorm, softmax and GELU stay fp32; ``export.json`` counts them.
 
-Running: :class:`OnnxModel` is called like the torch model (``model(**batch).logits``), so the task's
-own ``predict_step``, ``postprocess`` and ``format_predictions`` serve an export unchanged: QA span
-decoding and NER word grouping are the same code as for torch. :func:`pipelines.modeling.load_model`
-returns one when it is given an export directory; no torch model is built.
+Running an export directory: :mod:`pipelines.onnx_model`.
 """
 
 from __future__ import annotations
@@ -46,14 +43,13 @@ import torch
 
 from pipelines.batching import eval_dataloader
 from pipelines.config import RunConfig
-from pipelines.modeling import MERGED_DIR, ModelError, is_adapter_dir, is_peft_model
+from pipelines.modeling import MERGED_DIR, is_adapter_dir, is_peft_model
+from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime
 from pipelines.outputs import METRICS_FILE, save_config, write_json
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
 
-EXPORT_FILE = "export.json"
-ONNX_FILE = "model.onnx"
 MIN_OPSET = 18
 DEFAULT_OPSET = 18
 # Float arithmetic that int8 dynamic quantisation leaves in fp32 (counted for export.json).
@@ -62,68 +58,6 @@ _FLOAT_COMPUTE_OPS = ("MatMul", "Gemm", "Gather", "LayerNormalization", "Softmax
 
 class ExportError(ValueError):
     """A run that cannot be exported (unfinished, unsupported task, adapter without a merged model)."""
-
-
-def is_export_dir(path: str | Path) -> bool:
-    return (Path(path) / EXPORT_FILE).is_file() and (Path(path) / ONNX_FILE).is_file()
-
-
-def _import_onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ModelError("ONNX export and inference need onnxruntime: pip install 'bertpipe[edge]'") from None
-    return onnxruntime
-
-
-# ----- running an export --------------------------------------------------------------------------
-class OnnxOutputs(dict):
-    """Session outputs by name, readable as attributes like a transformers ``ModelOutput``."""
-
-    def __getattr__(self, name: str) -> torch.Tensor:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-class OnnxModel:
-    """An onnxruntime session behind the call interface of the torch model it was exported from.
-
-    ``model(**batch)`` feeds the inputs the graph declares (tensors or arrays) and returns its outputs
-    as torch tensors; ``config`` is the exported model's config (label maps), which the tasks read.
-    """
-
-    def __init__(self, folder: str | Path, *, num_threads: int | None = None) -> None:
-        from transformers import AutoConfig
-
-        ort = _import_onnxruntime()
-        self.folder = Path(folder)
-        options = ort.SessionOptions()
-        if num_threads:
-            options.intra_op_num_threads = num_threads
-        self.session = ort.InferenceSession(str(self.folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
-        self.input_names = [node.name for node in self.session.get_inputs()]
-        self.output_names = [node.name for node in self.session.get_outputs()]
-        self.config = AutoConfig.from_pretrained(self.folder)
-        self.training = False
-
-    def eval(self) -> "OnnxModel":
-        return self
-
-    def __call__(self, **batch: Any) -> OnnxOutputs:
-        missing = [name for name in self.input_names if name not in batch]
-        if missing:
-            raise ModelError(f"{self.folder / ONNX_FILE} needs inputs {missing}; the batch holds {sorted(batch)}")
-        feed = {name: _as_int64(batch[name]) for name in self.input_names}
-        outputs = self.session.run(self.output_names, feed)
-        return OnnxOutputs({name: torch.from_numpy(np.asarray(value)) for name, value in zip(self.output_names, outputs)})
-
-
-def _as_int64(value: Any) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value, dtype=np.int64)
 
 
 # ----- exporting ----------------------------------------------------------------------------------
@@ -283,7 +217,7 @@ def export_run(
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise ExportError(f"{out_dir} exists and is not empty; choose another --out or pass --overwrite")
     source = model_folder(run_dir)
-    _import_onnxruntime()
+    import_onnxruntime()
 
     tokenizer = task.build_tokenizer(None, model_path=str(source))
     model = task.build_model(None, model_path=str(source))
@@ -350,7 +284,7 @@ def export_run(
 
 
 def _parity(path: Path, batches, masks, input_names, output_names, reference) -> dict[str, Any]:
-    ort = _import_onnxruntime()
+    ort = import_onnxruntime()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     candidate = []
     for batch in batches:

@@ -28,14 +28,11 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 import models  # noqa: F401  registers bertpipe's own BERT/Transformer with the Auto classes
 from pipelines.config import ModelConfig, PeftConfig
-from pipelines.errors import UserError, failures_named
+from pipelines.errors import ModelError, failures_named
 from pipelines.hub import resolve_model
+from pipelines.onnx_model import OnnxModel, is_export_dir
 
 logger = logging.getLogger(__name__)
-
-
-class ModelError(UserError, ValueError):
-    """A model or tokenizer that cannot serve the configured task."""
 
 
 def _named_source(name_or_path: str, key: str) -> str:
@@ -146,8 +143,6 @@ def load_model(
     if model_path is not None and (Path(model_path) / "export.json").is_file():
         # An ONNX export directory (bertpipe export): an onnxruntime session with the model's call
         # interface and config, so the task's predict/postprocess code serves it unchanged.
-        from pipelines.export import OnnxModel, is_export_dir
-
         if not is_export_dir(model_path):
             raise ModelError(f"{model_path} holds export.json but no model.onnx; export the run again")
         return OnnxModel(model_path)

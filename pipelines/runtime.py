@@ -28,6 +28,7 @@ from typing import Iterator
 import torch
 from accelerate import Accelerator
 from accelerate import __version__ as accelerate_version
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DistributedType, ProjectConfiguration
 
 from pipelines.config import ConfigError, RunConfig
@@ -138,6 +139,13 @@ def build_accelerator(config: RunConfig, *, with_trackers: bool = True, mixed_pr
     if not has_accelerator_device():
         keep_freed_memory_for_reuse()
     trackers = list(train.report_to) if with_trackers and train.report_to else None
+    # Accelerate keeps one AcceleratorState per process and refuses another precision for a second
+    # Accelerator: a command run in a process that already ran one (train, then evaluate in fp32, from
+    # Python) must not fail on, or inherit, the last one's precision and accumulation steps. Each
+    # command builds one Accelerator, after the previous one is done. PartialState, this process's
+    # rank and process group in a launched run, is kept.
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
     accelerator = Accelerator(
         cpu=not has_accelerator_device(),
         mixed_precision=mixed_precision or resolve_mixed_precision(train.mixed_precision),

@@ -24,7 +24,8 @@ from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns, skip_blank_lines
-from pipelines.modeling import ModelError, load_model, load_tokenizer, tokenizer_source
+from pipelines.errors import ModelError
+from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 from pipelines.task import TaskBase
 from tasks.mlm.corpus import clean_rows, hold_out_documents, split_documents
 from tasks.mlm.examples import NO_WORD, make_sentence_pairs, number_words, pack_blocks

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from transformers import PreTrainedTokenizerBase
 
-from pipelines.modeling import ModelError
+from pipelines.errors import ModelError
 
 DEFAULT_VOCAB_SIZE = 30522
 BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -17,8 +17,9 @@ import warnings
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel, PreTrainedModel
 
 from pipelines.config import ConfigError
+from pipelines.errors import ModelError
 from pipelines.hub import resolve_model
-from pipelines.modeling import apply_dropout, load_model, ModelError
+from pipelines.modeling import apply_dropout, load_model
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
     check_decoder_config,

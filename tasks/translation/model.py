@@ -14,7 +14,7 @@ import torch
 from transformers import EncoderDecoderModel, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
-from pipelines.modeling import ModelError
+from pipelines.errors import ModelError
 
 logger = logging.getLogger(__name__)
 

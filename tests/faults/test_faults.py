@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import sentiment_rows, write_jsonl
-from tests.faults.conftest import bertpipe_in_process, tree_hashes
+from tests.faults.conftest import bertpipe_in_process
 
 
 def new_dir(tmp_path: Path) -> str:

@@ -9,7 +9,6 @@ is measured against the student's own start: the teacher cut down to the chosen 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest

@@ -18,7 +18,8 @@ pytest.importorskip("onnxruntime")
 
 from pipelines.config import load_config  # noqa: E402
 from pipelines.evaluation import predict_file  # noqa: E402
-from pipelines.export import EXPORT_FILE, ONNX_FILE, OnnxModel, compare_outputs, export_run  # noqa: E402
+from pipelines.export import compare_outputs, export_run  # noqa: E402
+from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, OnnxModel  # noqa: E402
 from pipelines.outputs import load_saved_config  # noqa: E402
 from tasks import get_task  # noqa: E402
 from tests.conftest import build_tiny_bert, classification_config, sentiment_rows, write_jsonl  # noqa: E402

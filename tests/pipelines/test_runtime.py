@@ -176,6 +176,24 @@ def test_runtime_fsdp_config_on_a_cpu_is_refused_not_dropped(monkeypatch, tmp_pa
         runtime.build_accelerator(config, with_trackers=False)
 
 
+def test_runtime_a_second_command_in_one_process_gets_its_own_precision(monkeypatch, tmp_path, tiny_bert, sentiment_files, fresh_accelerate_state):
+    """Train in bf16, then evaluate in fp32, from one Python process: Accelerate refuses a second
+    precision per process unless the first command's state is forgotten."""
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    config_path = str(classification_config(tmp_path, tiny_bert, sentiment_files))
+    config = load_run_config(get_task, config_path, ["train.gradient_accumulation_steps=2"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    training = runtime.build_accelerator(config, with_trackers=False, mixed_precision="bf16")
+    assert (training.mixed_precision, training.gradient_accumulation_steps) == ("bf16", 2)
+    single_step = config.model_copy(update={"train": config.train.model_copy(update={"gradient_accumulation_steps": 1})})
+    evaluating = runtime.build_accelerator(single_step, with_trackers=False, mixed_precision="no")
+    assert (evaluating.mixed_precision, evaluating.gradient_accumulation_steps) == ("no", 1)
+    assert evaluating.num_processes == 1
+
+
 _MALLOC_PROBE = r"""
 import ctypes, json, torch
 from pipelines.runtime import keep_freed_memory_for_reuse

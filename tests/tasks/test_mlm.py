@@ -10,7 +10,7 @@ import torch
 
 from pipelines.config import load_config
 from pipelines.data import DataError
-from pipelines.modeling import ModelError
+from pipelines.errors import ModelError
 from tasks import get_task
 from tasks.mlm import (
     IGNORE_INDEX,

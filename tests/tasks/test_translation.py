@@ -14,8 +14,8 @@ from datasets import Dataset
 
 from pipelines.config import load_config
 from pipelines.data import DataError
+from pipelines.errors import ModelError
 from pipelines.metrics import load_metric
-from pipelines.modeling import ModelError
 from tasks import get_task
 from tasks.translation import (
     TranslationTask,

@@ -1,0 +1,83 @@
+"""An export directory run on onnxruntime, behind the call interface of the torch model it came from.
+
+In:  an export directory that :mod:`pipelines.export` wrote (``model.onnx``, ``export.json``, the
+     tokenizer and ``config.json``), and batches of model inputs (torch tensors or arrays).
+Out: :class:`OnnxModel`, called like the torch model (``model(**batch).logits``), so the task's own
+     ``predict_step``, ``postprocess`` and ``format_predictions`` serve an export unchanged: QA span
+     decoding and NER word grouping are the same code as for torch. :func:`pipelines.modeling.load_model`
+     returns one when it is given an export directory; no torch model is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipelines.errors import ModelError
+
+EXPORT_FILE = "export.json"
+ONNX_FILE = "model.onnx"
+
+
+def is_export_dir(path: str | Path) -> bool:
+    return (Path(path) / EXPORT_FILE).is_file() and (Path(path) / ONNX_FILE).is_file()
+
+
+def import_onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ModelError("ONNX export and inference need onnxruntime: pip install 'bertpipe[edge]'") from None
+    return onnxruntime
+
+
+class OnnxOutputs(dict):
+    """Session outputs by name, readable as attributes like a transformers ``ModelOutput``."""
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class OnnxModel:
+    """An onnxruntime session behind the call interface of the torch model it was exported from.
+
+    ``model(**batch)`` feeds the inputs the graph declares (tensors or arrays) and returns its outputs
+    as torch tensors; ``config`` is the exported model's config (label maps), which the tasks read.
+    """
+
+    def __init__(self, folder: str | Path, *, num_threads: int | None = None) -> None:
+        from transformers import AutoConfig
+
+        ort = import_onnxruntime()
+        self.folder = Path(folder)
+        options = ort.SessionOptions()
+        if num_threads:
+            options.intra_op_num_threads = num_threads
+        self.session = ort.InferenceSession(str(self.folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
+        self.input_names = [node.name for node in self.session.get_inputs()]
+        self.output_names = [node.name for node in self.session.get_outputs()]
+        self.config = AutoConfig.from_pretrained(self.folder)
+        self.training = False
+
+    def eval(self) -> "OnnxModel":
+        return self
+
+    def __call__(self, **batch: Any) -> OnnxOutputs:
+        missing = [name for name in self.input_names if name not in batch]
+        if missing:
+            raise ModelError(f"{self.folder / ONNX_FILE} needs inputs {missing}; the batch holds {sorted(batch)}")
+        feed = {name: _as_int64(batch[name]) for name in self.input_names}
+        outputs = self.session.run(self.output_names, feed)
+        return OnnxOutputs({name: torch.from_numpy(np.asarray(value)) for name, value in zip(self.output_names, outputs)})
+
+
+def _as_int64(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.int64)
