@@ -33,7 +33,8 @@ CONFIG_FILE = "config.yaml"
 RESUME_MAY_CHANGE = (
     "output_dir", "overwrite", "train.resume_from_checkpoint", "train.logging_steps", "train.eval_steps",
     "train.eval_on_start", "train.save_steps", "train.save_total_limit", "train.report_to", "train.eval_batch_size",
-    "train.dataloader_num_workers", "train.torch_num_threads", "train.compile", "data.preprocessing_num_workers", "hub.",
+    "train.dataloader_num_workers", "train.torch_num_threads", "train.compile", "train.compile_backend",
+    "data.preprocessing_num_workers", "hub.",
 )
 _NAME = re.compile(r"^step-(\d{8})$")
 

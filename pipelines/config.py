@@ -211,8 +211,12 @@ class TrainConfig(Section):
     """Intra-op threads; unset keeps torch's default (one per physical core; Accelerate divides
     them among the processes of a multi-process CPU run)."""
     compile: bool = False
-    """``torch.compile`` the model's forward (inductor). Pays a compile at start and at each new
-    shape family; worth it only for long runs."""
+    """``torch.compile`` the model's forward. Pays a compile at start and at each new shape family;
+    worth it only for long runs (docs/benchmark.md measures it)."""
+    compile_backend: str = "inductor"
+    """The ``torch.compile`` backend: ``inductor`` generates fused kernels; ``aot_eager`` captures the
+    forward and backward graphs without generating code (seconds, not minutes: shows that a model
+    compiles and trains compiled); any name ``torch._dynamo.list_backends(exclude_tags=())`` lists."""
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

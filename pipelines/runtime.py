@@ -165,6 +165,18 @@ def build_accelerator(config: RunConfig, *, with_trackers: bool = True, mixed_pr
     return accelerator
 
 
+def check_compile_backend(name: str) -> None:
+    """Refuse a ``train.compile_backend`` that this torch does not know, before anything is loaded or written."""
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if name not in known:
+        raise ConfigError(
+            f"train.compile_backend={name!r} is not a torch.compile backend of torch {torch.__version__}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+
+
 @contextmanager
 def without_autocast(accelerator: Accelerator, model) -> Iterator[None]:
     """Run ``model`` (as prepared by ``accelerator``) in fp32 inside the block.

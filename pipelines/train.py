@@ -32,8 +32,8 @@ from pipelines.card import write_model_card
 from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, prepare_data, split_source
-from pipelines.errors import failures_named
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
+from pipelines.errors import failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
     MERGED_DIR, apply_peft, base_model_id, check_sequence_lengths, count_parameters, is_peft_model, save_adapter_run,
@@ -41,7 +41,7 @@ from pipelines.modeling import (
 )
 from pipelines.optim import build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
-from pipelines.runtime import build_accelerator, wrap_model_layers_for_fsdp
+from pipelines.runtime import build_accelerator, check_compile_backend, wrap_model_layers_for_fsdp
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def train(
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,
         # saving and best-model reloading work unchanged. Shapes vary per batch: after the first
         # recompile torch marks them dynamic instead of compiling every new length.
-        model.compile()
+        model.compile(backend=config.train.compile_backend)
     eval_batch_size = config.train.eval_batch_size_or_default
     train_loader, train_sampler = train_dataloader(
         train_features, _train_collator(config, task, model, train_features), config.train.batch_size,
@@ -235,6 +235,8 @@ def _check_run_settings(config: RunConfig, task: Task) -> tuple[bool, Path | Non
         raise ConfigError(f"train.pack_sequences: the {task.name} task's batches cannot be packed (only per-token tasks such as ner pack)")
     if config.train.pack_sequences and config.distill is not None:
         raise ConfigError("train.pack_sequences: not with distill (the teacher would need packed inputs too)")
+    if config.train.compile:
+        check_compile_backend(config.train.compile_backend)
     replace_old_run = outputs.check_output_dir(config)
     resume_folder = None
     if config.train.resume_from_checkpoint:
