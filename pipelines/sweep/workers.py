@@ -213,8 +213,6 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / TRIAL_FILE, {**record, "state": "FAIL", "error": f"{type(error).__name__}: {error}"})
         raise
-    finally:
-        _reset_accelerate()
     seconds = round(time.perf_counter() - started, 1)
     if pruned_at:
         step, last = pruned_at[-1]
@@ -233,15 +231,3 @@ def _objective_value(metrics: dict[str, Any], metric: str) -> float:
         names = sorted(key for key in metrics if key.startswith("eval_"))
         raise SweepError(f"the objective {metric} is not among the evaluation metrics {names}; set train.metric_for_best_model")
     return float(metrics[metric])
-
-
-def _reset_accelerate() -> None:
-    """Forget the Accelerate process state, so that the next trial in this process starts afresh.
-
-    Accelerate keeps it per process (mixed precision, gradient accumulation); a trial with another
-    gradient_accumulation_steps would otherwise inherit the previous trial's.
-    """
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
