@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 from pipelines.batching import eval_dataloader
 from pipelines.config import RunConfig
-from pipelines.errors import failures_named
+from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import (
-    MERGED_DIR, ModelError, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
+    MERGED_DIR, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
 )
 from pipelines.onnx_model import is_export_dir
 from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, write_json

@@ -24,8 +24,8 @@ from transformers import (
 )
 
 from pipelines.config import ConfigError, ModelConfig, PeftConfig, load_config
+from pipelines.errors import ModelError
 from pipelines.modeling import (
-    ModelError,
     apply_peft,
     base_model_id,
     count_parameters,
