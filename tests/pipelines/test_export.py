@@ -157,6 +157,8 @@ def test_export_onnx_model_takes_any_batch_and_sequence_length(runs, tmp_path):
     export(runs["classification"], tmp_path / "onnx", parity_samples=4)
     onnx_model = OnnxModel(tmp_path / "onnx")
     assert onnx_model.config.id2label == {0: "negative", 1: "positive"}
+    # No memory pattern kept per input shape: text batches rarely repeat one (peak RSS, docs/edge.md).
+    assert onnx_model.session.get_session_options().enable_mem_pattern is False
     tokenizer = AutoTokenizer.from_pretrained(runs["classification"])
     torch_model = AutoModelForSequenceClassification.from_pretrained(runs["classification"]).eval()
     for texts in (["grim"], ["the film was lovely and the actors were great " * 2, "bad", "a story", "warm bright scenes"]):
