@@ -106,7 +106,9 @@ def postprocess_qa_predictions(
         ranked = sorted(spans.values(), key=lambda candidate: -candidate["score"])[:n_best_size]
         nbest = list(ranked)
         if version_2_with_negative and null is not None:
-            nbest = sorted(nbest[: n_best_size - 1] + [null], key=lambda candidate: -candidate["score"])
+            # The best span always stays (n_best_size=1 too): without it the null candidate's
+            # probability would be 1.0 for every example and the v2 threshold search meaningless.
+            nbest = sorted(nbest[: max(n_best_size - 1, 1)] + [null], key=lambda candidate: -candidate["score"])
         if nbest:
             for candidate, probability in zip(nbest, _softmax(np.array([c["score"] for c in nbest]))):
                 candidate["probability"] = float(probability)

@@ -44,7 +44,15 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
 
     def _run_defaults(self) -> dict[str, Any]:
         saved = (getattr(self.model.config, "task_specific_params", None) or {}).get(PIPELINE_TASK, {})
-        return {**self._DEFAULTS, **{key: value for key, value in saved.items() if key in self._DEFAULTS}}
+        defaults = dict(self._DEFAULTS)
+        # transformers 4's rule for a checkpoint that is not a bertpipe run: windows no longer than the
+        # tokenizer's model_max_length (384 would overrun a model with fewer positions: an index error),
+        # and a stride that leaves each window room for context.
+        model_max_length = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(model_max_length, int) and 0 < model_max_length < defaults["max_seq_len"]:
+            defaults["max_seq_len"] = model_max_length
+            defaults["doc_stride"] = min(defaults["doc_stride"], model_max_length // 2)
+        return {**defaults, **{key: value for key, value in saved.items() if key in self._DEFAULTS}}
 
     def _sanitize_parameters(self, top_k=None, doc_stride=None, max_seq_len=None, max_answer_len=None, n_best_size=None,
                              handle_impossible_answer=None, null_score_diff_threshold=None, **unused):
@@ -97,8 +105,10 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
             {"question": [question], "context": [context]}, [0], tokenizer=self.tokenizer,
             max_length=max_seq_len, doc_stride=doc_stride, train=False,
         )
+        # On the right, as in evaluation: offsets and cls_index count a window's tokens from position 0.
         model_inputs = self.tokenizer.pad(
-            {name: features[name] for name in self.tokenizer.model_input_names if name in features}, return_tensors="pt"
+            {name: features[name] for name in self.tokenizer.model_input_names if name in features},
+            padding_side="right", return_tensors="pt",
         )
         return {"model_inputs": dict(model_inputs), "context": context, "offset_mapping": features["offset_mapping"], "cls_index": features["cls_index"]}
 

@@ -5,8 +5,8 @@ In:  a local file, the official nested SQuAD JSON (``data[].paragraphs[].qas[]``
      or one Hub row. Answers come as ``{text: [...], answer_start: [...]}`` or a list of
      ``{text, answer_start}`` dicts.
 Out: flat rows ``id, title, context, question, answers = {text: [...], answer_start: [...]}``
-     (:data:`EXAMPLE_FEATURES`) and their ``Dataset``; an empty ``answers.text`` list is an
-     unanswerable (v2) question. :func:`check_examples` and :func:`find_answer_mismatches` name
+     (:data:`EXAMPLE_FEATURES`) and their ``Dataset``; an empty ``answers.text`` list (blank texts
+     are dropped) is an unanswerable (v2) question. :func:`check_examples` and :func:`find_answer_mismatches` name
      the examples that cannot be used. Bad input raises ``DataError`` naming file and row.
 """
 
@@ -34,7 +34,9 @@ def _answers_of(raw: Any, where: str) -> dict[str, list]:
     if raw is None:
         return {"text": [], "answer_start": []}
     if isinstance(raw, dict):
-        texts, starts = list(raw.get("text") or []), list(raw.get("answer_start") or [])
+        texts, starts = raw.get("text") or [], raw.get("answer_start") or []
+        if not isinstance(texts, list) or not isinstance(starts, list):
+            raise DataError(f"{where}: 'answers' must hold lists, {{text: [...], answer_start: [...]}}, got {raw!r}")
     elif isinstance(raw, list):
         try:
             texts = [answer["text"] for answer in raw]
@@ -45,7 +47,14 @@ def _answers_of(raw: Any, where: str) -> dict[str, list]:
         raise DataError(f"{where}: 'answers' must be {{text: [...], answer_start: [...]}} or a list of those, got {raw!r}")
     if len(texts) != len(starts):
         raise DataError(f"{where}: answers have {len(texts)} texts but {len(starts)} answer_start values")
-    return {"text": [str(text) for text in texts], "answer_start": [int(start) for start in starts]}
+    # A blank text (``{"text": [""], "answer_start": [-1]}``, a common way to write "unanswerable") is
+    # no answer, as the official v2 scoring reads it; kept, it would label a window with a start token
+    # after its end token, or be scored as an answer in v1.
+    kept = [(str(text), start) for text, start in zip(texts, starts) if str(text).strip()]
+    try:
+        return {"text": [text for text, _ in kept], "answer_start": [int(start) for _, start in kept]}
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: answer_start must be whole numbers (character offsets), got {starts!r}") from None
 
 
 def flat_row(row: dict[str, Any], where: str, default_id: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
 from pydantic import Field
-from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding
+from transformers import AutoModelForQuestionAnswering
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, finalize_splits, load_raw, load_split_files, require_columns
@@ -54,13 +54,18 @@ class QAOptions(TaskOptions):
 
 
 class QACollator:
-    """Pads the model inputs (and labels) of window features; drops the postprocessing columns."""
+    """Pads the model inputs of window features on the right; drops the postprocessing columns."""
 
     def __init__(self, tokenizer) -> None:
-        self.pad = DataCollatorWithPadding(tokenizer)
+        self.tokenizer = tokenizer
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return self.pad([{key: value for key, value in feature.items() if key not in POSTPROCESS_COLUMNS} for feature in features])
+        # On the right whatever the tokenizer's padding_side (XLNet's is left): start/end labels,
+        # cls_index and offset_mapping count a window's tokens from position 0, and so does decoding.
+        return self.tokenizer.pad(
+            [{key: value for key, value in feature.items() if key not in POSTPROCESS_COLUMNS} for feature in features],
+            padding=True, padding_side="right", return_tensors="pt",
+        )
 
 
 class QATask(TaskBase):

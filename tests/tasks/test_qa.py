@@ -15,6 +15,7 @@ from pipelines.metrics.squad_scoring import f1_score, normalize_answer, squad_v1
 from pipelines.modeling import load_tokenizer
 from tasks import get_task
 from tasks.qa import (
+    QACollator,
     answer_token_span,
     flatten_squad_json,
     postprocess_qa_predictions,
@@ -115,6 +116,19 @@ def test_qa_reader_detects_jsonl_with_either_answer_layout(tmp_path):
     assert rows[2]["answers"] == {"text": [], "answer_start": []}
 
 
+def test_qa_reader_blank_answer_text_is_no_answer(tmp_path, tokenizer):
+    # Kept, {"text": [""], "answer_start": [0]} labelled a window with its start token after its end token.
+    path = write_jsonl(tmp_path / "blank.jsonl", [
+        {"question": "who ?", "context": "alice met bob", "answers": {"text": [""], "answer_start": [0]}},
+        {"question": "who ?", "context": "alice met bob", "answers": [{"text": " ", "answer_start": 5}]},
+        {"question": "who ?", "context": "alice met bob", "answers": {"text": ["", "bob"], "answer_start": [-1, 10]}},
+    ])
+    rows = read_squad_file(path)
+    assert [row["answers"] for row in rows] == [{"text": [], "answer_start": []}] * 2 + [{"text": ["bob"], "answer_start": [10]}]
+    batch = {key: [row[key] for row in rows] for key in ("question", "context", "answers")}
+    features = prepare_features(batch, [0, 1, 2], tokenizer=tokenizer, train=True, max_length=24, doc_stride=8)
+    assert features["start_positions"][:2] == features["end_positions"][:2] == [0, 0]
+
 def test_qa_jsonl_reader_keeps_a_line_separator_inside_a_string(tmp_path):
     # ensure_ascii=False writes U+2028 raw; str.splitlines() would cut the record there.
     path = tmp_path / "flat.jsonl"
@@ -131,6 +145,20 @@ def test_qa_reader_errors_name_the_place(tmp_path):
     with pytest.raises(DataError, match="line 2"):
         read_squad_file(bad)
 
+
+
+@pytest.mark.parametrize("answers, message", [
+    ({"text": "Paris", "answer_start": 15}, "must hold lists"),  # scalars, not lists
+    ({"text": ["Paris"], "answer_start": [None]}, "answer_start must be whole numbers"),
+    ([{"text": "Paris", "answer_start": "fifteen"}], "answer_start must be whole numbers"),
+])
+def test_qa_reader_malformed_answers_name_the_row(tmp_path, answers, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [
+        {"question": "where ?", "context": "Alice lives in Paris", "answers": {"text": ["Paris"], "answer_start": [15]}},
+        {"question": "where ?", "context": "Alice lives in Paris", "answers": answers},
+    ])
+    with pytest.raises(DataError, match=f"bad.jsonl: line 2: .*{message}"):
+        read_squad_file(path)
 
 # ----- windows and labels ------------------------------------------------------------------------
 def test_qa_answer_token_span_on_hand_made_offsets():
@@ -296,6 +324,16 @@ def test_qa_postprocess_v2_null_answer_uses_the_minimum_null_over_windows():
     assert answered["no_answer_probability"] == pytest.approx(result["no_answer_probability"])
 
 
+def test_qa_postprocess_v2_no_answer_probability_is_real_with_n_best_size_1():
+    starts, ends = [logits(7, p0=1.0, p3=5.0)], [logits(7, p0=1.0, p3=5.0)]  # null 2.0, "aa" 10.0
+    (result,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], starts, ends, [0], n_best_size=1, version_2_with_negative=True)
+    assert result["prediction_text"] == "aa"
+    assert result["no_answer_probability"] == pytest.approx(1 / (1 + np.exp(8.0)))
+    assert result["score"] == pytest.approx(1 - result["no_answer_probability"])
+    (abstained,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], ends, starts, [0], n_best_size=1, version_2_with_negative=True,
+                                              null_score_diff_threshold=-9.0)
+    assert abstained["prediction_text"] == "" and abstained["score"] == abstained["no_answer_probability"] < 0.01
+
 def test_qa_postprocess_groups_windows_by_example():
     contexts = ["aa bb cc", CONTEXT]
     results = postprocess_qa_predictions(
@@ -419,6 +457,25 @@ def test_qa_collator_drops_postprocessing_columns(tmp_path, tiny_bert):
     assert set(train_batch) == {"input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions"}
 
 
+
+def test_qa_collator_pads_on_the_right_for_a_left_padding_tokenizer(tiny_bert):
+    # XLNet's tokenizer pads on the left; labels, cls_index and offsets count a window's tokens from 0.
+    tokenizer = load_tokenizer(str(tiny_bert))
+    tokenizer.padding_side = "left"
+    contexts = [context_with(answer_at, length=length) for answer_at, length in [(2, 4), (3, 12), (20, 30)]]
+    batch = {"question": ["who is it ?"] * 3, "context": [context for context, _ in contexts],
+             "answers": [{"text": ["plot actors"], "answer_start": [start]} for _, start in contexts]}
+    features = prepare_features(batch, [0, 1, 2], tokenizer=tokenizer, train=True, max_length=24, doc_stride=8)
+    rows = [{key: features[key][i] for key in features} for i in range(len(features["input_ids"]))]
+    assert len({len(row["input_ids"]) for row in rows}) > 1
+    collated = QACollator(tokenizer)(rows)
+    for i, row in enumerate(rows):
+        width = len(row["input_ids"])
+        assert collated["input_ids"][i, :width].tolist() == row["input_ids"]
+        assert collated["attention_mask"][i, :width].tolist() == [1] * width
+        assert int(collated["start_positions"][i]) == row["start_positions"]
+
+
 # ----- the registered pipeline -------------------------------------------------------------------
 def test_qa_pipeline_is_registered_idempotently_and_answers_with_spans(tmp_path, tiny_bert):
     import torch
@@ -443,3 +500,20 @@ def test_qa_pipeline_is_registered_idempotently_and_answers_with_spans(tmp_path,
     assert len(batch) == 2 and batch[0] == answer
     with pytest.raises(DataError, match="question has"):
         qa(question=" ".join(WORDS * 2), context=context)
+
+
+def test_qa_pipeline_windows_fit_a_checkpoint_with_fewer_positions_than_384(tmp_path, tiny_bert):
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
+
+    register_qa_pipeline()
+    torch.manual_seed(0)
+    AutoModelForQuestionAnswering.from_pretrained(tiny_bert).save_pretrained(tmp_path / "qa")  # 64 positions
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path / "qa")  # model_max_length 64
+    qa = pipeline("question-answering", model=str(tmp_path / "qa"))  # not a bertpipe run: no saved defaults
+    context, _ = context_with(60, length=90)
+    assert len(qa.tokenizer(context)["input_ids"]) > 64
+    answer = qa(question="who is it ?", context=context)
+    assert context[answer["start"] : answer["end"]] == answer["answer"] and 0 < answer["score"] <= 1
+    # The same as windows of the model's length given explicitly (stride: half of it, as transformers 4).
+    assert qa(question="who is it ?", context=context, max_seq_len=64, doc_stride=32) == answer

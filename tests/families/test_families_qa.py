@@ -1,0 +1,64 @@
+"""QA on a family whose tokenizer pads on the left (XLNet: context first, ``<cls>`` last).
+
+Windows of one batch differ in length; whatever the tokenizer's ``padding_side``, ``bertpipe predict``
+and ``pipeline("question-answering")`` must decode exactly what each window, run alone without any
+padding, gives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import write_jsonl
+from tests.families.builders import _unigram_vocab
+from tests.families.matrix import predict, qa_rows, train
+
+
+@pytest.fixture(scope="module")
+def xlnet_checkpoint(tmp_path_factory) -> Path:
+    from transformers import XLNetConfig, XLNetLMHeadModel, XLNetTokenizer
+
+    directory = tmp_path_factory.mktemp("family-xlnet")
+    tokenizer = XLNetTokenizer(vocab=_unigram_vocab(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"]), unk_id=0,
+                               model_max_length=128)
+    assert tokenizer.padding_side == "left"
+    config = XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_layer=2, n_head=2, d_inner=64, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    XLNetLMHeadModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_families_qa_left_padding_tokenizer_decodes_each_window_as_if_alone(xlnet_checkpoint, tmp_path):
+    from transformers import pipeline
+
+    from tasks import load_tasks
+    from tasks.qa import postprocess_qa_predictions, prepare_features
+
+    load_tasks()  # registers pipeline("question-answering")
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", qa_rows(16, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", qa_rows(4, 2))}
+    run = train(tmp_path, "qa", xlnet_checkpoint, files, "data.max_seq_length=24", train="  max_steps: 4", section="qa: {doc_stride: 6}")
+    questions = qa_rows(6, 3)
+    predicted = predict(run, [{"id": q["id"], "question": q["question"], "context": q["context"]} for q in questions], tmp_path)
+    answerer = pipeline("question-answering", model=str(run))
+    widths: set[int] = set()
+    for question, row in zip(questions, predicted):
+        features = prepare_features({"question": [question["question"]], "context": [question["context"]]}, [0],
+                                    tokenizer=answerer.tokenizer, max_length=24, doc_stride=6, train=False)
+        widths.update(len(ids) for ids in features["input_ids"])
+        with torch.no_grad():
+            alone = [answerer.model(input_ids=torch.tensor([ids])) for ids in features["input_ids"]]
+        (expected,) = postprocess_qa_predictions(
+            [question["context"]], features["example_index"], features["offset_mapping"],
+            [out.start_logits[0].numpy() for out in alone], [out.end_logits[0].numpy() for out in alone], features["cls_index"],
+        )
+        served = answerer(question=question["question"], context=question["context"])
+        assert (row["answer"], row["start"], row["end"]) == (expected["prediction_text"], expected["start"], expected["end"])
+        assert (served["answer"], served["start"], served["end"]) == (row["answer"], row["start"], row["end"])
+        assert row["score"] == pytest.approx(expected["score"], abs=1e-4)
+        assert served["score"] == pytest.approx(expected["score"], abs=1e-4)
+    assert len(widths) > 1  # windows of unequal length, so padding
