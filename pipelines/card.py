@@ -89,8 +89,9 @@ def _versions(adapter: bool) -> str:
     return "\n".join(f"- {name} {module.__version__}" for name, module in modules)
 
 
-def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool) -> str:
-    """Python that loads the model for its task: ``pipeline()`` where the task names its input."""
+def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int = 128) -> str:
+    """Python that loads the model for its task: ``pipeline()`` where the task names its input
+    (``{max_seq_length}`` in that input becomes the run's ``data.max_seq_length``)."""
     auto_class = task.auto_model_class.__name__
     if adapter:
         # transformers' own adapter loading builds the base from the base checkpoint's config,
@@ -115,7 +116,7 @@ tokenizer = AutoTokenizer.from_pretrained("{model_name}")
         usage = f"""from transformers import pipeline
 
 predictor = pipeline("{task.pipeline_tag}", {model_argument})
-print(predictor({task.card_pipeline_input}))"""
+print(predictor({task.card_pipeline_input.replace("{max_seq_length}", str(max_seq_length))}))"""
         return usage if not adapter else load + "\n" + usage
     return load + "\n" + (task.card_model_usage or _GENERIC_MODEL_USAGE)
 
@@ -159,7 +160,9 @@ def build_model_card(
         f"not a full model: load it on top of `{base_model or source}` with peft as shown below.\n"
         if adapter else ""
     )
-    snippet = usage_snippet(task, model_name, base_model=base_model or source, adapter=adapter)
+    snippet = usage_snippet(
+        task, model_name, base_model=base_model or source, adapter=adapter, max_seq_length=config.data.max_seq_length
+    )
     body = f"""
 # {model_name}
 

@@ -50,8 +50,9 @@ class Task(Protocol):
     onnx_outputs: ClassVar[tuple[str, ...]]
     """The model outputs ``bertpipe export`` writes to ONNX; empty: the task cannot be exported."""
     card_pipeline_input: ClassVar[str | None]
-    """A Python expression the model card passes to ``pipeline(pipeline_tag)``; None where transformers
-    has no pipeline for the task (the card then shows ``card_model_usage``)."""
+    """The Python arguments the model card passes to ``pipeline(pipeline_tag)``'s call, where
+    ``{max_seq_length}`` stands for the run's ``data.max_seq_length``; None where transformers has no
+    pipeline for the task (the card then shows ``card_model_usage``)."""
     card_model_usage: ClassVar[str | None]
     """Python the model card runs on ``model`` and ``tokenizer`` when there is no pipeline to show."""
     packable: ClassVar[bool]

@@ -51,7 +51,9 @@ class ClassificationTask(TaskBase):
     auto_model_class: ClassVar[type] = AutoModelForSequenceClassification
     peft_task_type: ClassVar[str | None] = "SEQ_CLS"
     onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
-    card_pipeline_input: ClassVar[str | None] = '"a gripping, beautifully acted film"'
+    # transformers' text-classification pipeline does not truncate unless told to: without these a long
+    # text gets another prediction than bertpipe predict's (and one past the model's positions, an error).
+    card_pipeline_input: ClassVar[str | None] = '"a gripping, beautifully acted film", truncation=True, max_length={max_seq_length}'
     card_model_usage: ClassVar[str | None] = None
     packable: ClassVar[bool] = False  # the head reads each row's first token
 
@@ -101,7 +103,9 @@ class ClassificationTask(TaskBase):
         if self.problem_type == "regression":
             return [float(value) for value in column]
         feature = split.features[self.label_column]
-        named = isinstance(feature, ClassLabel) or isinstance(getattr(feature, "feature", None), ClassLabel)
+        class_label = feature if isinstance(feature, ClassLabel) else getattr(feature, "feature", None)
+        class_names = list(class_label.names) if isinstance(class_label, ClassLabel) else None
+        named = class_names is not None
         label2id = {name: index for index, name in enumerate(self.label_names)}
 
         def to_id(value: Any, row: int) -> int:
@@ -110,9 +114,11 @@ class ClassificationTask(TaskBase):
                     f"split {split_name!r}, row {row + 1} (rows count from 1): label {value} means 'unlabelled'; "
                     "this split cannot be evaluated"
                 )
-            if named and not self.options.label_names:
+            if class_names == self.label_names:
                 return int(value)
-            name = self.label_names[int(value)] if named else str(value)
+            # A ClassLabel id indexes the dataset's own names; classification.label_names (or a finished
+            # run's id2label) may order them differently, so the id is mapped through its name.
+            name = class_names[int(value)] if named else str(value)
             if name not in label2id:
                 raise DataError(
                     f"split {split_name!r}, row {row + 1} (rows count from 1): label {value!r} is not in the label set "
@@ -178,7 +184,9 @@ class ClassificationTask(TaskBase):
 
     def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
         data = self.config.data
-        labelled = self.label_column in examples.column_names
+        # Inputs to predict may carry gold labels (a test file), even ones the model lacks or nulls:
+        # predict never reads them, so they are not checked against the label set.
+        labelled = self.label_column in examples.column_names and not inputs
         if labelled:
             examples = examples.add_column("__labels", self._label_ids(examples, data.train_split if train else data.eval_split))
         return examples.map(

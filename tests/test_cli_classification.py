@@ -43,6 +43,31 @@ def test_cli_pipeline_returns_label_names(trained_run):
     assert result[0]["label"] == "positive" and result[1]["label"] == "negative"
 
 
+def test_cli_predict_and_the_model_cards_pipeline_call_agree_past_max_seq_length(trained_run, tmp_path):
+    import re
+
+    from transformers import AutoTokenizer, pipeline
+
+    # The cue words come after the 32nd piece: only a pipeline that does not truncate sees them.
+    text = "the story of the film " * 7 + "awful dull awful dull plot"
+    pieces = len(AutoTokenizer.from_pretrained(trained_run)(text)["input_ids"])
+    assert 32 < pieces <= 64, pieces  # past the run's max_seq_length (32), within the model's 64 positions
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text(text + "\n")
+    run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(tmp_path / "out.jsonl"))
+    predicted = json.loads((tmp_path / "out.jsonl").read_text())["scores"]
+
+    # The call the run's model card shows: the pipeline truncates as training and predict did.
+    card_call = re.search(r"predictor\((.*)\)\)", (trained_run / "README.md").read_text()).group(1)
+    assert card_call.endswith("truncation=True, max_length=32"), card_call
+    classifier = pipeline("text-classification", model=str(trained_run), top_k=None)
+    served = {row["label"]: row["score"] for row in classifier([text], truncation=True, max_length=32)[0]}
+    assert served == pytest.approx(predicted, abs=1e-5)
+    # The text really is cut, so the kwargs matter.
+    logits = lambda **cut: {row["label"]: row["score"] for row in classifier([text], function_to_apply="none", **cut)[0]}  # noqa: E731
+    assert logits() != pytest.approx(logits(truncation=True, max_length=32), abs=0.1)
+
+
 def test_cli_evaluate_matches_training_metrics(trained_run):
     result = run_cli("evaluate", str(trained_run))
     metrics = json.loads((trained_run / "eval_validation.json").read_text())

@@ -8,14 +8,24 @@ Out: CoNLL-like words with their ``(start, end)`` offsets; entities ``{entity_gr
 
 from __future__ import annotations
 
-import re
 from typing import Any, Sequence
 
 import numpy as np
+import regex  # transformers' own dependency; unlike re, its \w knows combining marks and joiners
 
-# Raw text -> words: runs of word characters (joined by inner hyphens, apostrophes, dots, ampersands
-# or slashes, so "U.S", "1996-08-22", "AT&T" stay one word) or single punctuation marks.
-_WORD = re.compile(r"\w+(?:[-'’.&/]\w+)*|[^\w\s]")
+# Raw text -> words: runs of word characters (joined by inner hyphens, apostrophes, dots, ampersands,
+# slashes or soft hyphens, so "U.S", "1996-08-22", "AT&T" stay one word) or single punctuation marks.
+# Word characters are Unicode's (UTS #18): letters, digits and also combining marks (Devanagari vowel
+# signs and viramas, Thai vowels, decomposed accents "e\u0301") and the zero-width (non-)joiners inside
+# Persian or Indic words. re's \w has no marks, so it cut "नरेंद्र" into 6 words and "José" (NFD) into 2.
+# Invisible control and format characters between words (a byte-order mark, a zero-width space, bidi
+# marks) separate words like spaces: as words of their own they were tagged (an entity "\ufeff" on
+# byte-level BPE) or, mapped to no piece, tagged O inside an entity, splitting it. So is a joiner that
+# does not follow a word character (between emoji).
+_WORD_CHAR = r"[\w\p{N}]"
+_WORD = regex.compile(
+    rf"(?!\p{{Join_Control}}){_WORD_CHAR}+(?:[-'’.&/\u00ad]{_WORD_CHAR}+)*|[^\w\p{{N}}\s\p{{Cc}}\p{{Cf}}]"
+)
 
 
 def split_words(text: str) -> list[tuple[str, tuple[int, int]]]:

@@ -24,8 +24,13 @@ DOCSTART = "-DOCSTART-"
 _PREFIX_RANK = {"B": 0, "I": 1, "E": 2, "L": 2, "S": 3, "U": 3}
 
 
-def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1, encoding: str = "utf-8") -> list[dict[str, Any]]:
+def read_conll(
+    path: str | Path, *, token_column: int = 0, tag_column: int | None = -1, encoding: str = "utf-8"
+) -> list[dict[str, Any]]:
     """CoNLL column file -> ``[{"tokens", "tags", "location"}]``, one dict per sentence.
+
+    ``tag_column=None`` reads tokens only (inputs to predict: a file of one token per line is fine,
+    and its sentences have no ``tags``).
 
     Columns are split on whitespace; every token line of a file must have as many columns as the
     first one. Blank lines end sentences (several in a row are one break); ``-DOCSTART-`` lines are
@@ -41,12 +46,19 @@ def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1,
 
     def flush() -> None:
         if tokens:
-            sentences.append({"tokens": list(tokens), "tags": list(tags), "location": f"{path}:{start_line}"})
+            sentence = {"tokens": list(tokens), "location": f"{path}:{start_line}"}
+            if tag_column is not None:
+                sentence["tags"] = list(tags)
+            sentences.append(sentence)
             tokens.clear()
             tags.clear()
 
     with naming_undecodable({"input": [path]}, encoding), open(path, encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
+            if number == 1:
+                # A byte-order mark (files saved by Windows editors) is not part of the first token: left
+                # in, "\ufeff-DOCSTART-" became a one-word sentence of training and evaluation data.
+                line = line.removeprefix("\ufeff")
             columns = line.split()
             if not columns:
                 flush()
@@ -57,9 +69,9 @@ def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1,
             if width is None:
                 width, width_line = len(columns), number
                 for name, index in (("conll_token_column", token_column), ("conll_tag_column", tag_column)):
-                    if not -width <= index < width:
+                    if index is not None and not -width <= index < width:
                         raise DataError(f"{path}:{number}: ner.{name}={index} but the file has {width} columns")
-                if width < 2:
+                if width < 2 and tag_column is not None:
                     raise DataError(f"{path}:{number}: a CoNLL line needs a token and a tag column, found {width} column: {line.rstrip()!r}")
             elif len(columns) != width:
                 raise DataError(
@@ -68,7 +80,8 @@ def read_conll(path: str | Path, *, token_column: int = 0, tag_column: int = -1,
             if not tokens:
                 start_line = number
             tokens.append(columns[token_column])
-            tags.append(columns[tag_column])
+            if tag_column is not None:
+                tags.append(columns[tag_column])
     flush()
     return sentences
 

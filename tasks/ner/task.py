@@ -202,10 +202,8 @@ class NerTask(TaskBase):
         """``.txt``: one raw text per line; ``.conll``: CoNLL columns; json/jsonl: ``tokens`` lists or ``text``."""
         path = Path(path)
         if path.suffix.lower() == ".conll":
-            rows = read_conll(
-                path, token_column=self.options.conll_token_column, tag_column=self.options.conll_tag_column,
-                encoding=self.config.data.encoding,
-            )
+            # Tags are not read: text to tag often comes one token per line, with no tag column at all.
+            rows = read_conll(path, token_column=self.options.conll_token_column, tag_column=None, encoding=self.config.data.encoding)
             return Dataset.from_dict({"tokens": [r["tokens"] for r in rows], "location": [r["location"] for r in rows]})
         inputs = read_inputs(path, encoding=self.config.data.encoding)
         if self.tokens_column in inputs.column_names:

@@ -115,3 +115,29 @@ def test_classification_label_error_names_the_configured_train_split(tmp_path, t
     task.build_tokenizer(raw)
     with pytest.raises(DataError, match=r"split 'fit', row 2 .*label 'z' is not in the label set"):
         task.preprocess(raw["fit"], train=True)
+
+
+def test_classification_label_names_in_another_order_than_a_class_label_map_ids_by_name(tmp_path, tiny_bert):
+    """classification.label_names in another order than a ClassLabel's names (e.g. GLUE MRPC's
+    ``[not_equivalent, equivalent]``) maps every dataset id through its name, not by position."""
+    rows = [{"text": "a", "label": "positive"}, {"text": "b", "label": "negative"}]
+    task, _ = make_task(tmp_path, tiny_bert, rows, rows, "classification.label_names=[positive, negative]")
+    names = ["negative", "positive"]
+    single = Dataset.from_dict({"text": ["a", "b", "c"], "label": [0, 1, 0]},
+                               features=Features({"text": Value("string"), "label": ClassLabel(names=names)}))
+    assert task.preprocess(single, train=False)["labels"] == [1, 0, 1]  # negative is id 1 of the model
+
+    task.problem_type = "multi_label"
+    multi = Dataset.from_dict({"text": ["a", "b"], "label": [[0], [0, 1]]},
+                              features=Features({"text": Value("string"), "label": Sequence(ClassLabel(names=names))}))
+    assert task.preprocess(multi, train=False)["labels"] == [[0.0, 1.0], [1.0, 1.0]]
+
+
+def test_classification_predict_inputs_with_gold_labels_outside_the_set_are_not_refused(tmp_path, tiny_bert):
+    """An input file to predict may hold a label column (a test set with a class the run never saw,
+    or unlabelled rows): predict does not read it, so it is no error (it named split 'validation')."""
+    rows = [{"text": "good", "label": "pos"}, {"text": "bad", "label": "neg"}]
+    task, _ = make_task(tmp_path, tiny_bert, rows, rows)
+    inputs = task.load_inputs(str(write_jsonl(tmp_path / "test.jsonl", [{"text": "fine", "label": "neutral"}, {"text": "meh", "label": None}])))
+    features = task.preprocess(inputs, train=False, inputs=True)
+    assert len(features) == 2 and "labels" not in features.column_names

@@ -178,6 +178,25 @@ def test_ner_read_conll_skips_docstart_and_blank_lines(tmp_path):
     assert read_conll(path, tag_column=2)[0]["tags"] == ["B-NP", "B-VP", "B-NP"]
 
 
+def test_ner_read_conll_ignores_a_byte_order_mark_and_crlf_line_ends(tmp_path):
+    path = tmp_path / "windows.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + CONLL.replace("\n", "\r\n").encode())
+    sentences = read_conll(path)  # not a sentence "\ufeff-DOCSTART-" tagged O
+    assert [s["tokens"] for s in sentences] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]]
+    assert [s["tags"] for s in sentences] == [["B-ORG", "O", "B-MISC"], ["B-PER", "I-PER"]]
+    assert [s["location"] for s in sentences] == [f"{path}:3", f"{path}:8"]
+
+
+def test_ner_predict_reads_a_conll_file_of_tokens_without_tags(tmp_path):
+    """Text to tag often comes one token per line: predict takes it (train files still need a tag column)."""
+    path = _write(tmp_path / "test.conll", "-DOCSTART-\n\nPeter\nBlackburn\n\nRome\n")
+    task = _task(tmp_path, {"train": _write(tmp_path / "train.txt", CONLL)})
+    inputs = task.load_inputs(str(path))
+    assert inputs["tokens"] == [["Peter", "Blackburn"], ["Rome"]] and inputs["location"] == [f"{path}:3", f"{path}:6"]
+    with pytest.raises(DataError, match=rf"{path}:3: a CoNLL line needs a token and a tag column"):
+        read_conll(path)
+
+
 def test_ner_read_conll_wrong_column_count_names_file_and_line(tmp_path):
     path = tmp_path / "bad.conll"
     path.write_text(CONLL.replace("rejects VBZ B-VP O", "rejects VBZ O"))
@@ -321,6 +340,29 @@ def test_ner_split_words_offsets_point_into_the_text():
     assert [w for w, _ in words] == ["EU", "rejects", "German", "call", ",", "said", "Peter", "Blackburn", "in", "U.S", ".",
                                      "on", "1996-08-22", "."]
     assert all(text[start:end] == word for word, (start, end) in words)
+
+
+def test_ner_split_words_keeps_combining_marks_and_joiners_inside_their_word():
+    # Devanagari vowel signs and viramas, a decomposed accent (NFD "José"), Thai vowels, a Persian
+    # zero-width non-joiner and a soft hyphen all sit inside a word, as a tokenizer's pre-tokenizer reads them.
+    text = "नरेंद्र मोदी met Jose\u0301 in กรุงเทพ, می\u200cخواهم Kowal\u00adski."
+    words = split_words(text)
+    assert [w for w, _ in words] == [
+        "नरेंद्र", "मोदी", "met", "Jose\u0301", "in", "กรุงเทพ", ",", "می\u200cخواهم", "Kowal\u00adski", ".",
+    ]
+    assert all(text[start:end] == word for word, (start, end) in words)
+
+
+def test_ner_split_words_treats_invisible_characters_between_words_as_spaces():
+    # A byte-order mark, a zero-width space, a control character, a bidi mark and emoji joiners are
+    # no words: tagged, they made entities of invisible text or split "Marguerite Kowalski" in two.
+    text = "\ufeffMarguerite\u200bKowalski left\x07 Rome\u200f. 👩\u200d👧"
+    words = split_words(text)
+    assert [w for w, _ in words] == ["Marguerite", "Kowalski", "left", "Rome", ".", "👩", "👧"]
+    assert all(text[start:end] == word for word, (start, end) in words)
+    tags = ["B-PER", "I-PER", "O", "B-LOC", "O", "O", "O"]
+    entities = word_entities(tags, [0.5] * len(tags), [span for _, span in words], text)
+    assert [(e["word"], e["start"], e["end"]) for e in entities] == [("Marguerite\u200bKowalski", 1, 20), ("Rome", 27, 31)]
 
 
 def test_ner_word_entities_give_character_spans_and_word_spans():
