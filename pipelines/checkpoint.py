@@ -104,7 +104,7 @@ def save_checkpoint(
 
     ``config`` (the resolved config as written to ``config.yaml``) is stored beside the state so a
     resume can be checked against the settings the checkpoint was trained with. A write that fails
-    (a full disk) removes its own partial folder and leaves the complete checkpoints as they were.
+    (a full disk) or is interrupted removes its own partial folder and leaves the complete checkpoints as they were.
     """
     root = checkpoint_root(output_dir)
     final = root / f"step-{state.global_step:08d}"
@@ -120,7 +120,7 @@ def save_checkpoint(
             if config is not None:
                 (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
             _write_json_atomically(partial / STATE_FILE, asdict(state))
-    except OSError:
+    except BaseException:  # a full disk, and Ctrl-C too: neither leaves half a checkpoint behind
         if accelerator.is_main_process:
             shutil.rmtree(partial, ignore_errors=True)
         raise

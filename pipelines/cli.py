@@ -14,6 +14,7 @@ Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-p
      (no traceback) for bad input: config, data, model, checkpoint, output dir, an unreachable Hub
      id, or the machine refusing a write (a full disk). ``--debug`` (anywhere on the line) or
      ``BERTPIPE_DEBUG=1`` prints the traceback, with the library error it wraps, before the message.
+     Ctrl-C: one line and exit status 130; a checkpoint being written is discarded, complete ones kept.
 
 The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never
 imports ``tasks/``.
@@ -29,13 +30,14 @@ import os
 import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 # Only light modules here (no torch, transformers or datasets): each command imports what it runs
 # after its arguments are parsed, so help, --version and argument errors answer at once.
 from pipelines.config import RunConfig, load_config
-from pipelines.errors import UserError
-from pipelines.outputs import load_saved_config
+from pipelines.errors import ModelError, UserError, failures_named
+from pipelines.outputs import OutputDirError, load_saved_config
 
 if TYPE_CHECKING:
     from pipelines.task import Task
@@ -46,6 +48,7 @@ _OTHER_USER_ERRORS = {
     "pipelines.benchmark": "BenchmarkError", "pipelines.export": "ExportError", "pipelines.publish": "PublishError",
 }
 DEBUG_VARIABLE = "BERTPIPE_DEBUG"
+INTERRUPTED_STATUS = 130
 
 TaskLookup = Callable[[str], "type[Task]"]
 
@@ -204,6 +207,26 @@ def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
     return False
 
 
+def _check_new_folder(label: str, folder: str, what: str) -> None:
+    """Refuse a destination that holds files: ``save_pretrained`` writes over whatever model is there."""
+    path = Path(folder).expanduser()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise OutputDirError(f"{label} {folder} is not empty; {what} goes into a new or empty folder")
+
+
+def _check_merge_out(run_dir: str, out: str | None) -> None:
+    """``merge --out``: a new or empty folder, or the run's own ``merged/``, which each merge replaces.
+
+    Anything else may hold another model (another run's, or the adapter run itself), which the merged
+    weights would overwrite while that run's metrics went on describing its own.
+    """
+    from pipelines.modeling import MERGED_DIR
+
+    if out is None or Path(out).expanduser().resolve() == (Path(run_dir).expanduser() / MERGED_DIR).resolve():
+        return
+    _check_new_folder("--out", out, "the merged model")
+
+
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
     # Each command reads its config before importing the module that runs it (torch and friends).
     if _run_edge_command(args, get_task):
@@ -266,9 +289,12 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
             print("; ".join(result["dead_workers"]) + ": rerun the same command to continue the study", file=sys.stderr)
             return 1
     elif args.command == "convert-bert":
+        _check_new_folder("destination", args.destination, "the converted model")
         from models.convert import convert_bert
 
-        convert_bert(args.source, args.destination, reverse=args.reverse)
+        # A checkpoint of another kind is bad input, which models/ reports as a plain ValueError.
+        with failures_named(ModelError, f"convert-bert {args.source}"):
+            convert_bert(args.source, args.destination, reverse=args.reverse)
         print(f"wrote {args.destination}")
     elif args.command == "attention":
         from models.visualize import attention_heatmaps
@@ -277,6 +303,7 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
             print(path)
     elif args.command == "merge":
         config = load_run_config(get_task, None, [], run_dir=args.run_dir)
+        _check_merge_out(args.run_dir, args.out)
         from pipelines.evaluation import merge_run
 
         print(f"wrote the merged model to {merge_run(config, get_task(config.task)(config), args.run_dir, args.out)}")
@@ -318,6 +345,11 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return run(args, get_task)
+    except KeyboardInterrupt:
+        # Ctrl-C is the user's choice, not a fault to debug: one line instead of the traceback of wherever
+        # the loop happened to be, and the status a shell gives an interrupted command (128 + SIGINT).
+        if debug:
+            traceback.print_exc()
     except Exception as error:
         if isinstance(error, user_errors()):
             return _report(args.command, str(error), debug)
@@ -329,6 +361,10 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         where = f" ({error.filename})" if error.filename else ""
         hint = "; free space, then resume with train.resume_from_checkpoint=latest" if error.errno == errno.ENOSPC else ""
         return _report(args.command, f"{error.strerror or error}{where}{hint}", debug)
+    # Printed once the interrupted frames are gone, so their progress bars have drawn their last line above it.
+    resume = "; continue from the last complete checkpoint (one per train.save_steps) with train.resume_from_checkpoint=latest"
+    print(f"bertpipe {args.command}: interrupted{resume if args.command in ('train', 'distill') else ''}", file=sys.stderr)
+    return INTERRUPTED_STATUS
 
 
 def _report(command: str, message: str, debug: bool) -> int:

@@ -12,6 +12,7 @@ for unknown keys, the closest valid key. One schema library (pydantic) does the 
 from __future__ import annotations
 
 import codecs
+import copy
 import difflib
 import functools
 from pathlib import Path
@@ -438,11 +439,11 @@ def load_config(
     """Read YAML (or start from ``base``), apply overrides, validate against the task's schema."""
     source = str(path) if path is not None else "the saved run config"
     tree = read_yaml(path) if path is not None else dict(base or {})
-    override_keys: set[tuple[str, ...]] = set()
+    where = _Origin(source, copy.deepcopy(tree))
     for override in overrides:
         keys, value = parse_override(override)
         _set_dotted(tree, keys, value)
-        override_keys.add(tuple(keys))
+        where.overrides.add(tuple(keys))
 
     task_name = tree.get("task")
     # Everything but the task's own section first: that needs no task module (each imports torch),
@@ -453,16 +454,16 @@ def load_config(
         general_schema.model_validate({key: value for key, value in tree.items() if key != task_name})
     except ValidationError as error:
         if any(problem["type"] == "extra_forbidden" and len(problem["loc"]) == 1 for problem in error.errors()):
-            _task_options(task_options_for, task_name, source)
-        raise ConfigError(_describe(error, general_schema, source, override_keys, task_name)) from None
-    options_cls = _task_options(task_options_for, task_name, source)
+            _task_options(task_options_for, task_name, where.of(["task"]))
+        raise ConfigError(_describe(error, general_schema, where, task_name)) from None
+    options_cls = _task_options(task_options_for, task_name, where.of(["task"]))
     if isinstance(task_name, str) and task_name in tree:
         tree["task_options"] = tree.pop(task_name)
     schema = _schema_for(options_cls)
     try:
         return schema.model_validate(tree)
     except ValidationError as error:
-        raise ConfigError(_describe(error, schema, source, override_keys, task_name)) from None
+        raise ConfigError(_describe(error, schema, where, task_name)) from None
 
 
 def _task_options(task_options_for: Callable[[str], type[TaskOptions]] | None, task_name: Any, source: str) -> type[TaskOptions]:
@@ -480,13 +481,39 @@ def _schema_for(options_cls: type[TaskOptions]) -> type[RunConfig]:
     return create_model(f"RunConfig_{options_cls.__name__}", __base__=RunConfig, task_options=(options_cls, options_cls()))
 
 
-def _describe(error: ValidationError, schema: type[BaseModel], source: str, override_keys: set, task_name) -> str:
+class _Origin:
+    """Where a key's value came from, for messages: the file (``source``), the command line, or both."""
+
+    def __init__(self, source: str, file_tree: dict[str, Any]) -> None:
+        self.source, self.file_tree = source, file_tree
+        self.overrides: set[tuple[str, ...]] = set()
+
+    def of(self, location: list[str]) -> str:
+        location = tuple(location)
+        # An override of the key or of a section above it replaced the file's value entirely.
+        if any(location[: len(keys)] == keys for keys in self.overrides):
+            return "the command line"
+        # An override below the key (``trian.max_steps=3`` creates ``trian``) changed or created it.
+        if any(keys[: len(location)] == location for keys in self.overrides):
+            return f"{self.source} and the command line" if self._in_file(location) else "the command line"
+        return self.source
+
+    def _in_file(self, location: tuple[str, ...]) -> bool:
+        node: Any = self.file_tree
+        for key in location:
+            if not isinstance(node, dict) or key not in node:
+                return False
+            node = node[key]
+        return True
+
+
+def _describe(error: ValidationError, schema: type[BaseModel], origin: _Origin, task_name) -> str:
     lines = []
     for problem in error.errors():
         location = [str(part) for part in problem["loc"]]
         shown = [task_name if part == "task_options" else part for part in location]
         dotted = ".".join(shown) or "(top level)"
-        where = "the command line" if tuple(shown) in override_keys else source
+        where = origin.of(shown)
         if problem["type"] == "extra_forbidden":
             valid = _valid_keys(schema, location[:-1], task_name)
             close = difflib.get_close_matches(location[-1], valid, n=1, cutoff=0.5)

@@ -44,7 +44,7 @@ import torch
 from pipelines.batching import eval_dataloader
 from pipelines.config import RunConfig
 from pipelines.modeling import MERGED_DIR, is_adapter_dir, is_peft_model
-from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime
+from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime, inference_session, is_export_dir
 from pipelines.outputs import METRICS_FILE, save_config, write_json
 from pipelines.task import Task
 
@@ -214,8 +214,7 @@ def export_run(
         raise ExportError(f"--quantize {quantize!r} is not supported; choose int8")
     if opset < MIN_OPSET:
         raise ExportError(f"--opset {opset}: the dynamo ONNX exporter writes opset {MIN_OPSET} or newer")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise ExportError(f"{out_dir} exists and is not empty; choose another --out or pass --overwrite")
+    _check_out_dir(run_dir, out_dir, overwrite=overwrite)
     source = model_folder(run_dir)
     import_onnxruntime()
 
@@ -283,9 +282,31 @@ def export_run(
     return summary
 
 
+def _check_out_dir(run_dir: Path, out_dir: Path, *, overwrite: bool) -> None:
+    """Refuse an ``out_dir`` whose contents the export would lose.
+
+    A non-empty ``out_dir`` is emptied under ``overwrite`` before the export moves in, so, as
+    ``overwrite=true`` of ``train`` replaces only a bertpipe run, ``overwrite`` replaces only an earlier
+    export: never the run being exported or a folder holding it, nor a folder of anyone else's files.
+    """
+    out, source, cwd = out_dir.expanduser().resolve(), run_dir.expanduser().resolve(), Path.cwd().resolve()
+    if out == source or out in source.parents:
+        raise ExportError(f"--out {out_dir} {'is' if out == source else 'holds'} the run {run_dir} being exported; choose another --out")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise ExportError(f"{out_dir} exists and is not empty; choose another --out or pass --overwrite")
+    if out == cwd or out in cwd.parents:
+        raise ExportError(f"--overwrite would delete --out {out_dir}, which holds the current directory; choose another --out")
+    if not is_export_dir(out):
+        raise ExportError(
+            f"--overwrite would delete --out {out_dir}, which is not an earlier bertpipe export (no {EXPORT_FILE} and "
+            f"{ONNX_FILE}); --overwrite replaces only an export. Choose a new or empty --out"
+        )
+
+
 def _parity(path: Path, batches, masks, input_names, output_names, reference) -> dict[str, Any]:
-    ort = import_onnxruntime()
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = inference_session(path)
     candidate = []
     for batch in batches:
         values = session.run(list(output_names), {name: batch[name].numpy().astype(np.int64) for name in input_names})

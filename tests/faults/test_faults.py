@@ -261,6 +261,35 @@ def test_faults_disk_full_while_checkpointing_keeps_the_complete_checkpoints(cap
     assert not (run_dir / "metrics.json").exists()
 
 
+
+def test_faults_ctrl_c_while_checkpointing_is_one_line_and_the_run_resumes(capsys, finished_run, tmp_path, monkeypatch):
+    from accelerate import Accelerator
+
+    save_state = Accelerator.save_state
+
+    def interrupt_the_second_save(self, output_dir=None, **kwargs):
+        if not str(output_dir).endswith("step-00000004.partial"):
+            return save_state(self, output_dir, **kwargs)
+        half = Path(output_dir) / "model.safetensors"
+        half.parent.mkdir(parents=True, exist_ok=True)
+        half.write_bytes(b"half a tensor")
+        raise KeyboardInterrupt  # what Python's SIGINT handler raises
+
+    monkeypatch.setattr(Accelerator, "save_state", interrupt_the_second_save)
+    run_dir = tmp_path / "interrupted"
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_dir}")
+    assert status == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("bertpipe train: interrupted") and "resume_from_checkpoint=latest" in stderr
+    assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == ["step-00000002"], "half a checkpoint was left behind"
+
+    monkeypatch.undo()
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_dir}", "train.resume_from_checkpoint=latest")
+    assert status == 0, stderr[-3000:]
+    resumed, uninterrupted = (json.loads((folder / "metrics.json").read_text()) for folder in (run_dir, finished_run[1]))
+    for key in ("global_step", "eval_accuracy", "eval_f1_macro", "train_loss", "train_samples", "train_tokens"):
+        assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5, abs=1e-6), key
+
+
 # ----- predict and evaluate -------------------------------------------------------------------------
 def test_faults_predict_output_is_the_input(refused, run_copy, tmp_path):
     inputs = tmp_path / "inputs.jsonl"
@@ -306,3 +335,42 @@ def test_faults_predict_txt_skips_blank_lines(capsys, run_copy, tmp_path):
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["text"] for row in rows] == ["good film", "bad film", "lovely"], "blank lines must get no prediction"
     assert all(row["label"] in ("positive", "negative") for row in rows)
+
+
+# ----- export ---------------------------------------------------------------------------------------
+def test_faults_export_overwrite_replaces_only_an_earlier_export(refused, capsys, run_copy, tmp_path):
+    # export --overwrite empties --out before moving the export in: the run itself, a folder holding it
+    # or a folder of someone else's files would be lost.
+    refused("export", run_copy, "--out", run_copy, "--overwrite", needles=["--out", str(run_copy), "is the run"])
+    refused("export", run_copy, "--out", tmp_path, "--overwrite", needles=["--out", str(tmp_path), "holds the run"])
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "beach.jpg").write_bytes(b"\xff\xd8 a photo")
+    refused("export", run_copy, "--out", photos, "--overwrite", needles=["--out", str(photos), "not an earlier bertpipe export"])
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for name in ("export.json", "model.onnx", "stale.txt"):
+        (earlier / name).write_text("from an earlier export")
+    status, stderr = bertpipe_in_process(capsys, "export", run_copy, "--out", earlier, "--overwrite", "--parity-samples", "4")
+    assert status == 0, stderr[-3000:]
+    assert json.loads((earlier / "export.json").read_text())["format"] == "onnx" and not (earlier / "stale.txt").exists()
+
+
+def test_faults_merge_never_writes_into_a_folder_that_holds_files(refused, capsys, finished_run, run_copy, tmp_path):
+    lora = tmp_path / "lora"
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={lora}", "model.peft.method=lora",
+                                         "model.peft.r=2", "train.max_steps=2", "train.save_steps=null")
+    assert status == 0, stderr[-3000:]
+    # Another run's trained model, and the adapter run itself, would be overwritten without a word.
+    refused("merge", lora, "--out", run_copy, needles=["--out", str(run_copy), "is not empty"])
+    refused("merge", lora, "--out", lora, needles=["--out", str(lora), "is not empty"])
+    for _ in range(2):  # the run's own merged/ is the merge's to replace
+        status, stderr = bertpipe_in_process(capsys, "merge", lora)
+        assert status == 0 and (lora / "merged" / "model.safetensors").is_file(), stderr[-3000:]
+
+
+def test_faults_convert_bert_other_kind_of_checkpoint_or_a_destination_holding_files(refused, tiny_bert, run_copy, tmp_path):
+    refused("convert-bert", tiny_bert, tmp_path / "back", "--reverse", needles=[str(tiny_bert), "not a bertpipe_bert checkpoint"])
+    refused("convert-bert", tiny_bert, run_copy, needles=["destination", str(run_copy), "is not empty"])
+    refused("convert-bert", tiny_bert, tiny_bert, needles=["destination", str(tiny_bert), "is not empty"])

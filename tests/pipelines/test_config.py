@@ -57,6 +57,22 @@ def test_config_unknown_task_option_names_task_section(tmp_path):
         load_config(write(tmp_path, BASE), ["demo.doc_strde=3"], options_for)
 
 
+
+def test_config_error_names_the_command_line_for_a_key_an_override_created(tmp_path):
+    path = write(tmp_path, BASE)
+    for overrides, expected in (
+        (["trian.max_steps=3"], "unknown key 'trian' in the command line; did you mean 'train'?"),
+        (["train.max_steps.value=3"], "bad value for 'train.max_steps' in the command line"),
+        (["task=dmeo"], "the command line: task: unknown task 'dmeo'"),
+    ):
+        with pytest.raises(ConfigError) as error:
+            load_config(path, overrides, options_for)
+        assert expected in str(error.value) and str(path) not in str(error.value), overrides
+    # A key the file holds and an override changed is both's.
+    with pytest.raises(ConfigError, match=f"bad value for 'train.learning_rate' in {path} and the command line"):
+        load_config(path, ["train.learning_rate.peak=3"], options_for)
+
+
 def test_config_wrong_type_names_key_and_expected_type(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.batch_size.*the command line.*integer"):
         load_config(write(tmp_path, BASE), ["train.batch_size=many"], options_for)
