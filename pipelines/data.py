@@ -194,7 +194,11 @@ def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label
     ``label + split``, the file, line and byte."""
     builder, options = builder_for_files(files)
     if builder != "parquet":
-        options["encoding"] = encoding
+        # utf-8-sig reads utf-8 alike and drops a leading byte-order mark (Windows editors write one): the
+        # text reader kept it in a file's first example ("\ufeffgood film"), another input for byte-level
+        # BPE. The json and csv readers drop it themselves.
+        utf8 = codecs.lookup(encoding).name == "utf-8"
+        options["encoding"] = "utf-8-sig" if builder == "text" and utf8 else encoding
     data_files = {split: _as_list(paths) for split, paths in files.items()}
     paths_by_label = {label + split: paths for split, paths in data_files.items()}
     try:

@@ -88,6 +88,13 @@ def test_data_latin1_file_among_utf8_names_file_line_and_the_setting(tmp_path, s
     assert "data.encoding" in message
 
 
+def test_data_read_inputs_drops_a_byte_order_mark_from_a_text_file(tmp_path):
+    path = tmp_path / "inputs.txt"
+    path.write_bytes("\ufeffgood film\nbad film\n".encode("utf-8"))
+    assert read_inputs(path)["text"] == ["good film", "bad film"]
+    assert read_inputs(path, encoding="UTF8")["text"] == ["good film", "bad film"]
+
+
 def test_data_jsonl_in_another_encoding_names_the_byte_after_the_read_fails(tmp_path):
     lines = tmp_path / "rows.jsonl"
     lines.write_bytes('{"text": "ok"}\n{"text": "café"}\n'.encode("latin-1"))
