@@ -24,6 +24,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 
 from pipelines.batching import eval_dataloader
+from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
 from pipelines.config import RunConfig
 from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import (
@@ -107,7 +108,15 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
     and model; an adapter run comes back as a PeftModel on its base weights
     (``pipelines.modeling.load_model`` rebuilds it when the task loads ``model_path``)."""
     # An export directory is finished by construction (only a finished run can be exported).
-    if not (Path(run_dir) / METRICS_FILE).is_file() and not is_export_dir(run_dir):
+    folder = Path(run_dir)
+    if (folder / STATE_FILE).is_file() and folder.parent.name == CHECKPOINTS_DIR:
+        # Its config.yaml names the run's output_dir, so "resume from it" would point back at the run.
+        run = folder.parent.parent
+        raise OutputDirError(
+            f"{run_dir} is a training checkpoint of the run {run}, not a finished run: point to {run}, or, if "
+            f"its training was interrupted, finish it with `bertpipe train {run / CONFIG_FILE} train.resume_from_checkpoint=latest`"
+        )
+    if not (folder / METRICS_FILE).is_file() and not is_export_dir(run_dir):
         raise OutputDirError(
             f"{run_dir} holds no finished run (no {METRICS_FILE}): its training was interrupted or failed. Finish it "
             f"with `bertpipe train {Path(run_dir) / CONFIG_FILE} train.resume_from_checkpoint=latest`, or point to a "

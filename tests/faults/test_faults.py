@@ -326,6 +326,15 @@ def test_faults_predict_and_evaluate_on_an_unfinished_run(refused, run_copy, tmp
         refused(*command, needles=[str(run_copy), "no finished run", "resume_from_checkpoint=latest"])
 
 
+def test_faults_predict_and_evaluate_on_a_checkpoint_name_its_run(refused, run_copy, tmp_path):
+    # A checkpoint's config.yaml names the run's output_dir: "resume from this folder's config" would
+    # point back at the run, so the message names the run instead.
+    checkpoint = run_copy / "checkpoints" / "step-00000004"
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good"}])
+    for command in (["predict", checkpoint, "--input", inputs, "--output", tmp_path / "o.jsonl"], ["evaluate", checkpoint]):
+        refused(*command, needles=[f"{checkpoint} is a training checkpoint of the run {run_copy}", f"bertpipe train {run_copy / 'config.yaml'}"])
+
+
 def test_faults_predict_txt_skips_blank_lines(capsys, run_copy, tmp_path):
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("good film\n\nbad film\n   \nlovely\n")
