@@ -138,6 +138,19 @@ def check_examples(examples: Dataset, split: str, *, version_2_with_negative: bo
             )
 
 
+def check_unique_ids(examples: Dataset, split: str) -> None:
+    """Evaluation ids must be unique: they key ``predictions.json``, ``nbest_predictions.json``,
+    ``null_odds.json`` and the official SQuAD scripts, where a repeated id would keep one example's answer."""
+    first_row: dict[str, int] = {}
+    for index, identifier in enumerate(examples["id"]):
+        if identifier in first_row:
+            raise DataError(
+                f"split {split!r}: examples {first_row[identifier]} and {index} share the id {identifier!r}; the "
+                "prediction files are keyed by id, so every evaluation example needs its own"
+            )
+        first_row[identifier] = index
+
+
 def find_answer_mismatches(examples: Dataset) -> list[int]:
     """Indices of examples whose first answer text is not at its ``answer_start`` in the context."""
     bad = []

@@ -28,7 +28,7 @@ from pipelines.outputs import write_json
 from pipelines.task import TaskBase
 from tasks.qa.decoding import postprocess_qa_predictions
 from tasks.qa.pipeline import PIPELINE_TASK
-from tasks.qa.squad_files import check_examples, find_answer_mismatches, flat_row, read_squad_file, rows_to_dataset
+from tasks.qa.squad_files import check_examples, check_unique_ids, find_answer_mismatches, flat_row, read_squad_file, rows_to_dataset
 from tasks.qa.windows import check_question_lengths, prepare_features
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,8 @@ print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
         raw = finalize_splits(raw, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
             check_examples(split, split_name, version_2_with_negative=self.options.version_2_with_negative)
+        if data.eval_split in raw:
+            check_unique_ids(raw[data.eval_split], data.eval_split)
         return raw
 
     def load_inputs(self, path: str) -> Dataset:

@@ -129,6 +129,16 @@ def test_qa_reader_blank_answer_text_is_no_answer(tmp_path, tokenizer):
     features = prepare_features(batch, [0, 1, 2], tokenizer=tokenizer, train=True, max_length=24, doc_stride=8)
     assert features["start_positions"][:2] == features["end_positions"][:2] == [0, 0]
 
+
+def test_qa_load_refuses_evaluation_examples_that_share_an_id(tmp_path, tiny_bert):
+    row = {"question": "who ?", "context": "alice met bob", "answers": {"text": ["bob"], "answer_start": [10]}}
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", [{**row, "id": "a"}, {**row, "id": "a"}]),  # harmless there
+             "validation": write_jsonl(tmp_path / "validation.jsonl", [{**row, "id": "q1"}, {**row, "id": "q2"}, {**row, "id": "q1"}])}
+    task = get_task("qa")(qa_config(tmp_path, tiny_bert, files))
+    with pytest.raises(DataError, match=r"split 'validation': examples 0 and 2 share the id 'q1'"):
+        task.load()
+
+
 def test_qa_jsonl_reader_keeps_a_line_separator_inside_a_string(tmp_path):
     # ensure_ascii=False writes U+2028 raw; str.splitlines() would cut the record there.
     path = tmp_path / "flat.jsonl"
