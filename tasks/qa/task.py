@@ -136,12 +136,34 @@ print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
         check_question_lengths(self.tokenizer, examples["question"], examples["id"], max_length=data.max_seq_length, doc_stride=options.doc_stride)
         if train:
             examples = self._drop_or_fail_mismatches(examples)
-        return examples.map(
+        features = examples.map(
             prepare_features, batched=True, with_indices=True, remove_columns=examples.column_names,
             num_proc=data.preprocessing_num_workers,
             fn_kwargs={"tokenizer": self.tokenizer, "max_length": data.max_seq_length, "doc_stride": options.doc_stride, "train": train},
             desc="windows" + (" (train)" if train else ""),
         )
+        if train:
+            self._warn_of_answers_no_window_holds(examples, features)
+        return features
+
+    def _warn_of_answers_no_window_holds(self, examples: Dataset, features: Dataset) -> None:
+        """An answer that no window holds whole (longer than a window's room for context, or across every
+        window edge) trains each of its windows as "no answer", under v1 too: say how many, once."""
+        answered = {index for index, answers in enumerate(examples["answers"]) if answers["text"]}
+        labelled = {
+            index for index, start, cls_index in zip(features["example_index"], features["start_positions"], features["cls_index"])
+            if start != cls_index
+        }
+        lost = sorted(answered - labelled)
+        if lost:
+            first = examples[lost[0]]
+            logger.warning(
+                "%d of %d answered training example(s) have an answer that no window of data.max_seq_length=%d tokens "
+                "(qa.doc_stride=%d) holds whole, so they train as 'no answer'; the first is example %d (id %r), "
+                "answer %r. Raise data.max_seq_length or qa.doc_stride if these are many",
+                len(lost), len(answered), self.config.data.max_seq_length, self.options.doc_stride, lost[0], first["id"],
+                first["answers"]["text"][0][:80],
+            )
 
     def _drop_or_fail_mismatches(self, examples: Dataset) -> Dataset:
         bad = find_answer_mismatches(examples)

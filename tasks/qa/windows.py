@@ -91,8 +91,9 @@ def _cls_index(input_ids: list[int], cls_token_id: int | None) -> int:
 def prepare_features(batch: dict[str, list], indices: list[int], *, tokenizer, max_length: int, doc_stride: int, train: bool) -> dict:
     """Examples -> window features; module-level so that ``datasets`` can hash it and cache the result.
 
-    Train features carry ``start_positions``/``end_positions``; eval features carry the
-    example index, the context-only offsets and the CLS position for :func:`postprocess_qa_predictions`.
+    Every feature carries its example's index and its CLS position; train features add
+    ``start_positions``/``end_positions``, eval features the context-only offsets for
+    :func:`postprocess_qa_predictions`.
     """
     encoded = encode_windows(tokenizer, batch["question"], batch["context"], max_length=max_length, doc_stride=doc_stride)
     context_id = 1 if question_first(tokenizer) else 0
@@ -112,12 +113,13 @@ def prepare_features(batch: dict[str, list], indices: list[int], *, tokenizer, m
             starts.append(start)
             ends.append(end)
         else:
-            example_index.append(indices[sample])
             offsets_out.append(offsets)
-            cls_out.append(cls_index)
+        example_index.append(indices[sample])
+        cls_out.append(cls_index)
     features = dict(encoded)
+    features.update(example_index=example_index, cls_index=cls_out)
     if train:
         features.update(start_positions=starts, end_positions=ends)
     else:
-        features.update(example_index=example_index, offset_mapping=offsets_out, cls_index=cls_out)
+        features.update(offset_mapping=offsets_out)
     return features

@@ -439,6 +439,21 @@ def test_qa_answer_mismatch_fails_or_is_skipped_with_a_count(tmp_path, tiny_bert
     assert "2 training example(s)" in caplog.text and "'q1'" in caplog.text
 
 
+def test_qa_answers_that_no_window_holds_are_counted_in_a_warning(tmp_path, tiny_bert, caplog):
+    words = [WORDS[i % len(WORDS)] for i in range(40)]
+    long_answer = " ".join(words[10:30])  # 20 words: more than a 24-token window's room for context
+    short = ("who is it ?", "the film was good", [{"text": "film", "answer_start": 4}])
+    items = [("who is it ?", " ".join(words), [{"text": long_answer, "answer_start": len(" ".join(words[:10])) + 1}]), short]
+    task, raw = build_task(tmp_path, tiny_bert, items)
+    features = task.preprocess(raw["train"], train=True)
+    assert all(start == cls for start, cls, index in zip(features["start_positions"], features["cls_index"], features["example_index"]) if index == 0)
+    assert "1 of 2 answered training example(s)" in caplog.text and "example 0 (id 'q0')" in caplog.text
+    caplog.clear()
+    task, raw = build_task(tmp_path, tiny_bert, [short, short])
+    task.preprocess(raw["train"], train=True)
+    assert "no window" not in caplog.text
+
+
 def test_qa_long_question_and_empty_context_name_the_example(tmp_path, tiny_bert):
     long_question = " ".join(WORDS * 2)
     task, raw = build_task(tmp_path, tiny_bert, [("who ?", "film", [{"text": "film", "answer_start": 0}]), (long_question, "the film", [{"text": "film", "answer_start": 4}])])
