@@ -46,6 +46,10 @@ def masked_lm_metrics(loss_sums: np.ndarray, counts: np.ndarray, correct: np.nda
     return {"loss": loss, "perplexity": float(np.exp(loss)), "accuracy": float(np.sum(correct, dtype=np.float64)) / total}
 
 
+def _mark_special(ids: list[int], special: list[int], special_ids: set[int]) -> list[int]:
+    return [1 if flag or token in special_ids else 0 for token, flag in zip(ids, special)]
+
+
 def _prediction_logits(outputs) -> torch.Tensor:
     return outputs.prediction_logits if hasattr(outputs, "prediction_logits") else outputs.logits
 
@@ -207,6 +211,9 @@ class MlmTask(TaskBase):
         encoded = tokenizer(texts, add_special_tokens=False, verbose=False)
         token_rows = encoded["input_ids"]
         template = special_template(tokenizer)
+        # Special tokens inside the text (WikiText's <unk> read as the unknown token, a literal mask token)
+        # are never targets either: the template alone marks only the frame around the segments.
+        special_ids = set(tokenizer.all_special_ids)
         length = self.config.data.max_seq_length
         split = self.config.data.train_split if train else self.config.data.eval_split
         columns: dict[str, list] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "special_tokens_mask": [], "word_ids": []}
@@ -216,6 +223,7 @@ class MlmTask(TaskBase):
             columns["next_sentence_label"] = []
             for a, b, label in make_sentence_pairs(token_rows, length - template.pair_overhead, rng):
                 ids, types, special = template.pair(a, b)
+                special = _mark_special(ids, special, special_ids)
                 for key, value in zip(("input_ids", "token_type_ids", "special_tokens_mask", "next_sentence_label"), (ids, types, special, label)):
                     columns[key].append(value)
                 columns["attention_mask"].append([1] * len(ids))
@@ -235,6 +243,7 @@ class MlmTask(TaskBase):
                 pieces = [(ids[:content], words[:content]) for ids, words in zip(token_rows, word_rows) if ids]
             for ids, words in pieces:
                 full, special = template.single(list(ids))
+                special = _mark_special(full, special, special_ids)
                 columns["input_ids"].append(full)
                 columns["special_tokens_mask"].append(special)
                 columns["word_ids"].append([NO_WORD] * len(template.prefix) + list(words) + [NO_WORD] * len(template.suffix))

@@ -278,6 +278,21 @@ def test_mlm_evaluation_masks_are_deterministic_training_masks_are_fresh(prepare
     assert set(collate(rows)) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
 
 
+def test_mlm_unknown_tokens_in_the_corpus_are_never_targets(tmp_path):
+    sentences = [s.replace(" ", " <unk> ", 1) for s in corpus_sentences(300, seed=5)]
+    corpus = tmp_path / "unk.tokens"
+    corpus.write_text("\n\n".join("\n".join(sentences[i:i + 10]) for i in range(0, 300, 10)) + "\n")
+    task = MlmTask(mlm_config(tmp_path, corpus, "mlm.mlm_probability=0.5"))
+    raw = task.load()
+    unk = task.build_tokenizer(raw).unk_token_id
+    evaluation = task.preprocess(raw["validation"], train=False)
+    assert not any(label == unk for row in evaluation["labels"] for label in row)
+    train = task.preprocess(raw["train"], train=True)
+    assert any(unk in row for row in train["input_ids"])
+    labels = task.collator(train=True)([train[i] for i in range(len(train))])["labels"]
+    assert not (labels == unk).any()
+
+
 def test_mlm_held_out_split_and_packing(prepared, corpus_file):
     task, raw, _ = prepared
     lines = clean_rows(corpus_file.read_text().splitlines(), drop_headings=True)
