@@ -112,6 +112,22 @@ def test_cli_translation_pipeline_agrees_with_predict(trained_run, predicted):
     assert [row["translation_text"] for row in translator(sources)] == [row["translation_text"] for row in rows]
 
 
+def test_cli_translation_pipeline_truncates_long_sources_like_predict(trained_run, tmp_path):
+    from tasks import load_tasks
+    from tests.tasks.translation_data import TOY_WORDS
+
+    load_tasks()
+    from transformers import pipeline
+
+    sources = [" ".join(TOY_WORDS * 5), " ".join(reversed(TOY_WORDS * 4))]  # 30 and 24 tokens > max_seq_length 16
+    (tmp_path / "long.txt").write_text("\n".join(sources) + "\n")
+    run_cli("predict", str(trained_run), "--input", str(tmp_path / "long.txt"), "--output", str(tmp_path / "out.jsonl"))
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    translator = pipeline("translation", model=str(trained_run), device="cpu")
+    assert translator.preprocess(sources[0])["input_ids"].shape[1] == 16
+    assert [row["translation_text"] for row in translator(sources)] == [row["translation_text"] for row in rows]
+
+
 def test_cli_translation_empty_target_is_an_error_naming_the_row(tmp_path, tiny_bert, copy_files):
     rows = copy_rows(8, seed=4)
     rows[5]["en"] = "   "

@@ -64,7 +64,8 @@ class TranslationModelBuilding:
             config = AutoConfig.from_pretrained(resolve_model(self.config.model.name_or_path), revision=self.config.model.revision)
             self.warm_start = not is_seq2seq_config(config)
             self.checkpoint_decoder_start = getattr(config, "decoder_start_token_id", None)
-            if config.model_type == "t5" and not self.source_prefix:
+            # Only when unset: an explicit source_prefix "" means no prefix.
+            if config.model_type == "t5" and self.options.source_prefix is None:
                 self.source_prefix = t5_prefix(self.options.source_lang, self.options.target_lang)
         if self.warm_start and model_path is None and self.config.model.peft is not None:
             # The warm start's cross-attention and LM head are new random weights, so no checkpoint
@@ -189,3 +190,6 @@ class TranslationModelBuilding:
         gen.do_sample = False
         if self.source_prefix:
             model.config.prefix = self.source_prefix  # what pipeline("translation") prepends
+        # pipeline("translation") truncates sources where training and predict do, not at the tokenizer's
+        # model_max_length (often far longer than data.max_seq_length).
+        model.config.max_source_length = self.config.data.max_seq_length

@@ -2,7 +2,8 @@
 
 In:  a run directory (or any seq2seq model) given to ``transformers.pipeline("translation", model=...)``.
 Out: ``[{"translation_text": ...}]`` per source, generated with the run's saved ``generation_config`` and
-     ``config.prefix``. Importing this module registers the pipeline (the package's ``__init__`` does so).
+     ``config.prefix``, sources truncated to the run's ``config.max_source_length`` (its ``data.max_seq_length``).
+     Importing this module registers the pipeline (the package's ``__init__`` does so).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class TranslationPipeline(Pipeline):
         return result
 
     def preprocess(self, text: str, truncation: bool = True, max_source_length: int | None = None):
+        if max_source_length is None:
+            max_source_length = getattr(self.model.config, "max_source_length", None)
         return self.tokenizer(
             (self.prefix or "") + text, return_tensors="pt", truncation=truncation,
             max_length=max_source_length, return_token_type_ids=False,

@@ -258,6 +258,18 @@ REFERENCES = ["The cat sat on a mat.", "a dog is running in the park.", "hello ,
 SECOND_REFERENCES = ["A cat sat on the mat.", "The dog runs in a park.", "Hello world!"]
 
 
+def test_translation_t5_prefix_fills_an_unset_source_prefix_only(tmp_path):
+    from tests.families.builders import build_family
+
+    checkpoint = build_family("t5", tmp_path / "t5")
+    unset = make_task(tmp_path, checkpoint)
+    unset._plan(None)
+    assert unset.source_prefix == "translate German to English: "
+    empty = make_task(tmp_path, checkpoint, overrides=["translation.source_prefix=''"])
+    empty._plan(None)
+    assert empty.source_prefix == ""
+
+
 def test_translation_sacrebleu_module_matches_sacrebleu():
     metric = load_metric("sacrebleu")
     result = metric.compute(predictions=HYPOTHESES, references=[[r] for r in REFERENCES])
