@@ -138,6 +138,29 @@ def test_cli_mlm_run_serves_the_fill_mask_pipeline(pretrained):
     assert len(result) == 3 and all(set(row) >= {"token_str", "score", "sequence"} for row in result)
 
 
+def test_cli_mlm_predict_and_the_model_cards_fill_mask_call_agree_past_max_seq_length(pretrained, tmp_path):
+    import re
+
+    from transformers import pipeline
+
+    text = "the film was [MASK] and lovely " + "the story of the film " * 6
+    fill = pipeline("fill-mask", model=str(pretrained), top_k=5)
+    assert 32 < len(fill.tokenizer(text)["input_ids"]) <= 64  # past max_seq_length (32), within 64 positions
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text(text + "\n")
+    run_cli("predict", str(pretrained), "--input", str(inputs), "--output", str(tmp_path / "fills.jsonl"))
+    (mask,) = json.loads((tmp_path / "fills.jsonl").read_text())["masks"]
+    predicted = [(p["token_id"], p["score"]) for p in mask["predictions"]]
+
+    card_call = re.search(r"predictor\((.*)\)\)", (pretrained / "README.md").read_text()).group(1)
+    assert card_call.endswith('tokenizer_kwargs={"truncation": True, "max_length": 32}'), card_call
+    served = lambda **kwargs: [(row["token"], row["score"]) for row in fill(text, **kwargs)]  # noqa: E731
+    cut = served(tokenizer_kwargs={"truncation": True, "max_length": 32})
+    assert [token for token, _ in cut] == [token for token, _ in predicted]
+    assert [score for _, score in cut] == pytest.approx([score for _, score in predicted], abs=1e-5)
+    assert [score for _, score in served()] != pytest.approx([score for _, score in cut], abs=1e-5)  # the cut matters
+
+
 def test_cli_mlm_chain_pretrain_then_fine_tune(pretrained, tmp_path, sentiment_files):
     config = classification_config(tmp_path, pretrained, sentiment_files, num_epochs=6, eval_steps=None, torch_num_threads=1,
                                    mixed_precision="no")

@@ -66,7 +66,11 @@ class MlmTask(TaskBase):
     # peft has no fill-mask task type: a plain PeftModel, with the MLM head kept trainable through modules_to_save.
     peft_task_type: ClassVar[str | None] = None
     onnx_outputs: ClassVar[tuple[str, ...]] = ()
-    card_pipeline_input: ClassVar[str | None] = 'f"Paris is the {predictor.tokenizer.mask_token} of France."'
+    # transformers' fill-mask pipeline does not truncate unless told to; predict cuts at data.max_seq_length.
+    card_pipeline_input: ClassVar[str | None] = (
+        'f"Paris is the {predictor.tokenizer.mask_token} of France.", '
+        'tokenizer_kwargs={"truncation": True, "max_length": {max_seq_length}}'
+    )
     card_model_usage: ClassVar[str | None] = None
     packable: ClassVar[bool] = False  # mlm.packing already fills whole blocks from the token stream
 
