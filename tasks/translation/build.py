@@ -54,8 +54,10 @@ class TranslationModelBuilding:
             saved = AutoConfig.from_pretrained(model_path)
             self.warm_start = saved.model_type == "encoder-decoder"
             self.checkpoint_decoder_start = getattr(saved, "decoder_start_token_id", None)
-            # The prefix the run was trained with travels in its config (also read by pipeline()).
-            self.source_prefix = self.options.source_prefix or getattr(saved, "prefix", None) or ""
+            # The prefix the run was trained with travels in its config (also read by pipeline()); an
+            # explicit source_prefix (even "") overrides it.
+            given = self.options.source_prefix
+            self.source_prefix = given if given is not None else getattr(saved, "prefix", None) or ""
         elif self.options.encoder_name_or_path or self.options.decoder_name_or_path:
             self.warm_start = True
         elif self.config.model.name_or_path is None:
@@ -188,8 +190,9 @@ class TranslationModelBuilding:
         gen.no_repeat_ngram_size = self.options.no_repeat_ngram_size or None
         gen.early_stopping = self.options.early_stopping if self.options.num_beams > 1 else False
         gen.do_sample = False
-        if self.source_prefix:
-            model.config.prefix = self.source_prefix  # what pipeline("translation") prepends
+        # What pipeline("translation"), evaluate and predict prepend: the prefix this run trains with, and
+        # no other (a base checkpoint's own, e.g. BART-CNN's " ", would otherwise be saved with the run).
+        model.config.prefix = self.source_prefix or None
         # pipeline("translation") truncates sources where training and predict do, not at the tokenizer's
         # model_max_length (often far longer than data.max_seq_length).
         model.config.max_source_length = self.config.data.max_seq_length

@@ -270,6 +270,32 @@ def test_translation_t5_prefix_fills_an_unset_source_prefix_only(tmp_path):
     assert empty.source_prefix == ""
 
 
+def test_translation_run_saves_only_the_prefix_it_trains_with(tmp_path):
+    from transformers import AutoConfig
+
+    from tests.families.builders import build_family
+
+    checkpoint = build_family("bart", tmp_path / "bart")
+    base = AutoConfig.from_pretrained(checkpoint)
+    base.prefix = " "  # as BART-CNN's config carries
+    base.save_pretrained(checkpoint)
+    task = make_task(tmp_path, checkpoint)
+    task.build_tokenizer(None)
+    model = task.build_model(None)
+    assert task.source_prefix == "" and not model.config.prefix
+    model.save_pretrained(tmp_path / "run")
+    task.tokenizer.save_pretrained(tmp_path / "run")
+    reloaded = make_task(tmp_path, checkpoint)
+    reloaded.build_tokenizer(None, model_path=str(tmp_path / "run"))
+    assert reloaded.source_prefix == ""  # evaluate/predict/pipeline() prepend what training did: nothing
+    # An explicit "" at predict time overrides a prefix the run saved.
+    model.config.prefix = "translate: "
+    model.save_pretrained(tmp_path / "run")
+    overridden = make_task(tmp_path, checkpoint, overrides=["translation.source_prefix=''"])
+    overridden.build_tokenizer(None, model_path=str(tmp_path / "run"))
+    assert overridden.source_prefix == ""
+
+
 def test_translation_sacrebleu_module_matches_sacrebleu():
     metric = load_metric("sacrebleu")
     result = metric.compute(predictions=HYPOTHESES, references=[[r] for r in REFERENCES])
