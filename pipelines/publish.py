@@ -101,6 +101,14 @@ def publish_run(
     """Stage and upload (or, with ``dry_run``, only stage into ``out``); returns what was done."""
     if not repo_id or repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise PublishError(f"repo id {repo_id!r} is not of the form OWNER/NAME (set --repo-id or hub.repo_id)")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        # The Hub's own rule, so a dry run that passes is one the push will not reject after staging.
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise PublishError(f"repo id {repo_id!r} (--repo-id or hub.repo_id) is not a valid Hub repo id: {error}") from None
     if dry_run:
         if out is None:
             raise PublishError("--dry-run needs --out DIR to write the folder that would be uploaded")

@@ -85,3 +85,15 @@ def test_hub_publish_asks_the_same_check(monkeypatch, listening_endpoint):
         _check_can_push()
     hub.hub_reachable.cache_clear()
     assert not hub.hub_reachable("models")  # the answer publish got is the answer model resolution gets
+
+
+@pytest.mark.parametrize("repo_id", ["someone/my model", "someone/tiny--lora", "someone/name.", "some one/tiny"])
+def test_hub_publish_dry_run_rejects_a_repo_id_the_hub_would_reject(tmp_path, repo_id):
+    from pipelines.publish import PublishError, publish_run
+
+    out = tmp_path / "out"
+    # A dry run must fail where the push would: before anything is staged, naming the id.
+    with pytest.raises(PublishError, match="repo id") as error:
+        publish_run(tmp_path / "run", None, None, repo_id=repo_id, dry_run=True, out=out)
+    assert repr(repo_id) in str(error.value)
+    assert not out.exists()
