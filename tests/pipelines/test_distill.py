@@ -72,6 +72,25 @@ def test_distill_shrink_keeps_the_chosen_teacher_layers(tmp_path):
     torch.testing.assert_close(student.bert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight)
 
 
+def test_distill_inputs_longer_than_the_teachers_positions_name_the_setting():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from pipelines.distill import DistillationModel
+
+    def tiny(positions):
+        return BertForSequenceClassification(BertConfig(
+            vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+            max_position_embeddings=positions, num_labels=2,
+        ))
+
+    # A student (init: model) with more positions than its teacher: the student's own length check passes.
+    model = DistillationModel(tiny(32), tiny(8), alpha=0.5, temperature=2.0).train()
+    batch = {"input_ids": torch.ones(2, 12, dtype=torch.long), "attention_mask": torch.ones(2, 12, dtype=torch.long),
+             "labels": torch.tensor([0, 1])}
+    with pytest.raises(DistillError, match="data.max_seq_length"):
+        model(**batch)
+
+
 @pytest.fixture(scope="module")
 def classification_teacher(tmp_path_factory, tiny_bert, sentiment_files):
     root = tmp_path_factory.mktemp("distill-cls")
