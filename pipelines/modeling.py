@@ -155,7 +155,23 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
     if is_adapter_dir(location):
         # Evaluating an adapter run keeps the PeftModel; training from one starts from the merged model.
         adapted = load_adapter_model(auto_class, location, revision=model.revision)
-        return adapted if model_path is not None else adapted.merge_and_unload()
+        if model_path is not None:
+            return adapted
+        # peft froze the base weights; they stay frozen through the merge, and a full fine-tune (or a
+        # new adapter, which freezes what it needs) starts from a model whose weights all train.
+        merged = adapted.merge_and_unload().requires_grad_(True)
+        wanted = label_maps.get("id2label")
+        # The adapter run's head is its own (its config may still name the base's architecture).
+        if wanted is not None and len(merged.config.id2label) != len(wanted):
+            raise ModelError(
+                f"model.name_or_path={source} is an adapter run whose head predicts {list(merged.config.id2label.values())}; "
+                f"a head for {list(wanted.values())} cannot grow on it. Start from its base model, or "
+                f"from a full model (`bertpipe merge {source}` writes one to its merged/ folder)"
+            )
+        # The run's label names, as for a full checkpoint: the merged config still holds the adapter run's.
+        for key, value in label_maps.items():
+            setattr(merged.config, key, value)
+        return merged
     config = AutoConfig.from_pretrained(location, revision=model.revision)
     checkpoint_labels = list(config.id2label.values())
     mismatched_head = _head_labels_differ(config, label_maps)

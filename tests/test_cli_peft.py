@@ -52,6 +52,30 @@ def _tree_digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def test_cli_training_from_an_adapter_run_takes_the_new_label_names_or_refuses_another_count(lora_run, tmp_path):
+    def rows(labels):
+        return [{"sentence": f"{word} film", "label": labels[index % len(labels)]} for index, word in enumerate(["good", "bad", "fine"] * 8)]
+
+    def config(name, labels):
+        files = {split: tmp_path / f"{name}-{split}.jsonl" for split in ("train", "validation")}
+        for path in files.values():
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows(labels)))
+        return write_config(tmp_path / f"{name}.yaml", f"""task: classification
+output_dir: {tmp_path / name}
+model: {{name_or_path: {lora_run}}}
+data: {{files: {{train: {files['train']}, validation: {files['validation']}}}, text_column: sentence, label_column: label, max_seq_length: 16}}
+train: {{max_steps: 2, batch_size: 8, mixed_precision: "no", eval_steps: null, save_steps: null}}
+""")
+
+    # Two labels again, other names: the run reports its own names, not the adapter run's.
+    run_cli("train", str(config("renamed", ["yes", "no"])))
+    assert json.loads((tmp_path / "renamed" / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
+    refused = run_cli("train", str(config("three", ["a", "b", "c"])), check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"model.name_or_path={lora_run} is an adapter run whose head predicts ['negative', 'positive']" in refused.stderr
+    assert not [path for path in (tmp_path / "three").rglob("*") if path.is_file()]  # nothing written
+
+
 def test_cli_lora_run_holds_the_adapter_not_the_base_model(lora_run, tiny_bert):
     names = {p.name for p in lora_run.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "tokenizer.json", "metrics.json", "README.md"} <= names
