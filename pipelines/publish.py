@@ -59,6 +59,8 @@ def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str |
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / METRICS_FILE).is_file():
         raise PublishError(f"{run_dir} is not a finished bertpipe run (no {METRICS_FILE}); train it first")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PublishError(f"--out {out_dir} is a file, not a folder; choose a new folder")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise PublishError(f"--out {out_dir} is not empty; choose a new folder so nothing stale is uploaded")
     sources: list[tuple[Path, list[str]]]

@@ -240,3 +240,17 @@ def test_publish_without_token_is_a_publish_error(lora_run, monkeypatch, tmp_pat
         publish_run(lora_run, config, get_task("classification")(config), repo_id="someone/tiny-lora")
     with pytest.raises(PublishError, match="OWNER/NAME"):
         publish_run(lora_run, config, get_task("classification")(config), repo_id="no-owner", dry_run=True, out=tmp_path / "x")
+
+
+def test_publish_dry_run_out_that_is_a_file_names_out_and_keeps_the_file(lora_run, tmp_path):
+    from pipelines.config import load_config
+    from pipelines.outputs import load_saved_config
+    from pipelines.publish import PublishError, publish_run
+    from tasks import get_task
+
+    config = load_config(None, [], base=load_saved_config(lora_run) | {"classification": {}})
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(PublishError, match=rf"--out {notes} is a file, not a folder"):
+        publish_run(lora_run, config, get_task("classification")(config), repo_id="someone/tiny-lora", dry_run=True, out=notes)
+    assert notes.read_text() == "mine"
