@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
 from pipelines.errors import ModelError
-from pipelines.modeling import is_peft_model, usable_positions
+from pipelines.modeling import is_peft_model
 from pipelines.outputs import METRICS_FILE, load_saved_config
 from pipelines.task import Task
 
@@ -196,7 +196,6 @@ class DistillationModel(torch.nn.Module):
         object.__setattr__(self, "teacher", teacher.eval().requires_grad_(False))
         self.alpha, self.temperature, self.hidden_weight, self.layer_map = alpha, temperature, hidden_weight, layer_map or []
         self.config = student.config
-        self.teacher_name = getattr(teacher.config, "_name_or_path", "") or "the teacher"
 
     def forward(self, **batch: Any):
         if not self.training:
@@ -208,14 +207,6 @@ class DistillationModel(torch.nn.Module):
         if next(teacher.parameters()).device != device:
             teacher.to(device)
         inputs = {key: value for key, value in batch.items() if key not in ("labels", "start_positions", "end_positions")}
-        # The run checks its features against the student's positions only; a student with more
-        # (init: model) would otherwise crash the teacher's embeddings mid-training with a raw error.
-        usable = usable_positions(teacher.config)
-        if usable is not None and batch["input_ids"].shape[-1] > usable:
-            raise DistillError(
-                f"a batch of {batch['input_ids'].shape[-1]} tokens is longer than the teacher's {usable} positions "
-                f"(max_position_embeddings of {self.teacher_name}); set data.max_seq_length to at most {usable}"
-            )
         with torch.no_grad():
             teacher_outputs = teacher(**inputs, output_hidden_states=with_hidden) if with_hidden else teacher(**inputs)
         loss = self.alpha * distillation_loss(outputs, teacher_outputs, batch, self.student.config, self.temperature)

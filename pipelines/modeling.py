@@ -198,7 +198,7 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
 _POSITION_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl", "data2vec-text"}
 
 
-def usable_positions(config: PretrainedConfig | None) -> int | None:
+def _usable_positions(config: PretrainedConfig | None) -> int | None:
     positions = getattr(config, "max_position_embeddings", None)
     if config is None or not isinstance(positions, int) or positions <= 0:
         return None  # no learned table (T5's relative positions): no limit
@@ -218,9 +218,9 @@ def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) ->
 
     encoder = config.encoder if config.model_type == "encoder-decoder" else config
     decoder = config.decoder if config.model_type == "encoder-decoder" else config
-    limits = {"input_ids": (usable_positions(encoder), "data.max_seq_length")}
+    limits = {"input_ids": (_usable_positions(encoder), "data.max_seq_length")}
     if getattr(config, "is_encoder_decoder", False):
-        limits["labels"] = (usable_positions(decoder), "the task's target length (e.g. translation.max_target_length)")
+        limits["labels"] = (_usable_positions(decoder), "the task's target length (e.g. translation.max_target_length)")
     for column, (usable, setting) in limits.items():
         if usable is None or column not in features.column_names:
             continue

@@ -255,6 +255,10 @@ def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.
         # The student inside a wrapper whose forward returns the distillation loss as .loss; the
         # loop does not change, and student_of() unwraps it wherever the model is saved.
         model = build_distillation_model(model, config, task)
+        # The teacher reads every training batch too, and a student of its own (init: model) may
+        # have more positions than it: say so before step 1, not at the first long batch.
+        check_sequence_lengths(model.teacher.config, data.train_features,
+                               where=f"split {config.data.train_split!r} ({split_source(config.data, config.data.train_split)}), read by the teacher")
     return model
 
 

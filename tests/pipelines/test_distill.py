@@ -72,25 +72,6 @@ def test_distill_shrink_keeps_the_chosen_teacher_layers(tmp_path):
     torch.testing.assert_close(student.bert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight)
 
 
-def test_distill_inputs_longer_than_the_teachers_positions_name_the_setting():
-    from transformers import BertConfig, BertForSequenceClassification
-
-    from pipelines.distill import DistillationModel
-
-    def tiny(positions):
-        return BertForSequenceClassification(BertConfig(
-            vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
-            max_position_embeddings=positions, num_labels=2,
-        ))
-
-    # A student (init: model) with more positions than its teacher: the student's own length check passes.
-    model = DistillationModel(tiny(32), tiny(8), alpha=0.5, temperature=2.0).train()
-    batch = {"input_ids": torch.ones(2, 12, dtype=torch.long), "attention_mask": torch.ones(2, 12, dtype=torch.long),
-             "labels": torch.tensor([0, 1])}
-    with pytest.raises(DistillError, match="data.max_seq_length"):
-        model(**batch)
-
-
 @pytest.fixture(scope="module")
 def classification_teacher(tmp_path_factory, tiny_bert, sentiment_files):
     root = tmp_path_factory.mktemp("distill-cls")
@@ -131,6 +112,34 @@ def random_student(folder: Path, teacher_dir: Path, auto_class=None) -> Path:
     (auto_class or AutoModelForSequenceClassification).from_config(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(folder)
     return folder
+
+
+def test_distill_data_longer_than_the_teachers_positions_exits_before_training(classification_teacher, tmp_path):
+    """A student of its own (init: model) with more positions than the teacher passes the student's length check;
+    the teacher reads the same batches, so the run stops before step 1 naming data.max_seq_length and the teacher."""
+    import shutil
+
+    from transformers import AutoModelForSequenceClassification
+
+    from pipelines.errors import ModelError
+
+    root, path, teacher_dir = classification_teacher
+    short_teacher = tmp_path / "short-teacher"
+    shutil.copytree(teacher_dir, short_teacher)
+    model = AutoModelForSequenceClassification.from_pretrained(teacher_dir)
+    state = model.state_dict()
+    state["bert.embeddings.position_embeddings.weight"] = state["bert.embeddings.position_embeddings.weight"][:8]
+    model.config.max_position_embeddings = 8
+    shortened = AutoModelForSequenceClassification.from_config(model.config)
+    shortened.load_state_dict(state, strict=False)
+    shortened.save_pretrained(short_teacher)
+    start_dir = random_student(tmp_path / "start", teacher_dir)
+    student_dir = tmp_path / "student"
+    config = distill_config(str(short_teacher), str(path),
+                            [*PINNED, f"output_dir={student_dir}", f"model.name_or_path={start_dir}", "distill.init=model"], options_for)
+    with pytest.raises(ModelError, match=rf"read by the teacher: input_ids of up to \d+ tokens, but the model has 8 positions .*{short_teacher.name}.*set data.max_seq_length to at most 8"):
+        train_config(config)
+    assert not any(student_dir.iterdir())  # created empty up front (output_dir rules), nothing written
 
 
 def test_distill_classification_lowers_kl_and_the_student_is_a_normal_run(classification_teacher, tmp_path):
