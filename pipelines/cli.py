@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -49,6 +50,8 @@ _OTHER_USER_ERRORS = {
 }
 DEBUG_VARIABLE = "BERTPIPE_DEBUG"
 INTERRUPTED_STATUS = 130
+# How long a launched process other than its machine's first waits before reporting its own error (see _wait_for_first_process).
+OTHER_PROCESS_REPORT_DELAY_S = 5.0
 
 TaskLookup = Callable[[str], "type[Task]"]
 
@@ -362,13 +365,25 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         hint = "; free space, then resume with train.resume_from_checkpoint=latest" if error.errno == errno.ENOSPC else ""
         return _report(args.command, f"{error.strerror or error}{where}{hint}", debug)
     # Printed once the interrupted frames are gone, so their progress bars have drawn their last line above it.
+    _wait_for_first_process()
     resume = "; continue from the last complete checkpoint (one per train.save_steps) with train.resume_from_checkpoint=latest"
     print(f"bertpipe {args.command}: interrupted{resume if args.command in ('train', 'distill') else ''}", file=sys.stderr)
     return INTERRUPTED_STATUS
 
 
+def _wait_for_first_process() -> None:
+    """Under ``accelerate launch`` every process of a machine runs the same command on the same files, so
+    a bad input (or Ctrl-C) stops all of them at once, and each would print the same message. The
+    machine's first process reports at once; the others wait, and the launcher, which stops every process
+    as soon as one has failed, ends them before they speak. One whose error is its own alone still
+    reports, a few seconds late."""
+    if int(os.environ.get("LOCAL_RANK") or 0) > 0:
+        time.sleep(OTHER_PROCESS_REPORT_DELAY_S)
+
+
 def _report(command: str, message: str, debug: bool) -> int:
     """One paragraph on stderr and exit status 2; with debug, the traceback (causes included) first."""
+    _wait_for_first_process()
     if debug:
         traceback.print_exc()
     elif sys.exc_info()[1] is not None and sys.exc_info()[1].__cause__ is not None:

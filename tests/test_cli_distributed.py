@@ -31,6 +31,18 @@ with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{state.process_index}}.j
 sys.exit(code)
 """
 
+# scripts/train.py, recording the process group each process was started in before anything can fail, with a
+# mistyped key on every rank (FAILING_RANK=all) or on one rank alone.
+FAILING_TRAIN_SCRIPT = f"""
+import json, os, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from tasks.cli import main
+with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{os.environ['RANK']}}.json"), "w") as handle:
+    json.dump({{"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}}, handle)
+typo = ["trian.max_steps=3"] if os.environ["FAILING_RANK"] in ("all", os.environ["RANK"]) else []
+sys.exit(main(["train", *sys.argv[1:], *typo]))
+"""
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -38,12 +50,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(script: Path, config: Path, ranks: Path, *machine_args: str) -> subprocess.Popen:
+def launch(script: Path, config: Path, ranks: Path, *machine_args: str, **env: str) -> subprocess.Popen:
     ranks.mkdir(exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
          *machine_args, str(script), str(config)],
-        cwd=REPO_ROOT, env=cli_env(RANKS_DIR=str(ranks), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT, env=cli_env(RANKS_DIR=str(ranks), OMP_NUM_THREADS="1", **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
@@ -105,3 +117,20 @@ def test_cli_two_machines_train_what_one_machine_with_two_processes_trains(runs)
     assert weights_one.keys() == weights_two.keys()
     for name, tensor in weights_one.items():
         assert (weights_two[name] - tensor).abs().max().item() <= 1e-6, name
+
+
+@pytest.mark.parametrize("failing_rank", ["all", "1"])
+def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentiment_files, failing_rank):
+    """Every process of a launched run meets the same bad input: one message, not one per process. A process
+    whose error is its own alone (rank 1 here, while rank 0 waits for it to join) still reports it."""
+    script = tmp_path / "train_with_typo.py"
+    script.write_text(FAILING_TRAIN_SCRIPT)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, mixed_precision="no", torch_num_threads=1)
+    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
+                     "--main_process_port", str(free_port()), FAILING_RANK=failing_rank)
+    _, stderr = process.communicate(timeout=300)
+    assert sorted((r["rank"], r["world_size"]) for r in ranks_of(tmp_path / "ranks")) == [(0, 2), (1, 2)]
+    assert stderr.count("bertpipe train: error:") == 1, stderr[-4000:]
+    assert "unknown key 'trian' in the command line" in stderr
+    # accelerate's launcher ends with its own report and status; it names the process's exit status 2.
+    assert process.returncode != 0 and "exitcode  : 2" in stderr, stderr[-4000:]
