@@ -54,6 +54,9 @@ class ClassificationTask(TaskBase):
     # transformers' text-classification pipeline does not truncate unless told to: without these a long
     # text gets another prediction than bertpipe predict's (and one past the model's positions, an error).
     card_pipeline_input: ClassVar[str | None] = '"a gripping, beautifully acted film", truncation=True, max_length={max_seq_length}'
+    # A pair model shown one text would read it as a pair with an empty second text.
+    card_pair_pipeline_input = ('{"text": "the company posted record profits", "text_pair": "profits at the company hit a record"}, '
+                                'truncation=True, max_length={max_seq_length}')
     card_model_usage: ClassVar[str | None] = None
     packable: ClassVar[bool] = False  # the head reads each row's first token
 
@@ -63,6 +66,8 @@ class ClassificationTask(TaskBase):
         self.label_names: list[str] | None = None
         self.problem_type: str | None = None
         self._metrics: dict[str, Any] = {}
+        if config.data.text_pair_column:
+            self.card_pipeline_input = self.card_pair_pipeline_input
 
     # ----- columns and labels -------------------------------------------------------------
     @property

@@ -44,6 +44,54 @@ def test_families_classification_predict_and_pipeline_agree(family, family_check
 
 
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_families_pair_classification_predict_pipeline_and_the_cards_call_agree(family, family_checkpoint, tmp_path):
+    """Sentence pairs (MRPC, STS-B, NLI): each family joins them its own way (BERT's token types, RoBERTa's
+    doubled separator, none at all); predict, pipeline() on {"text", "text_pair"} and the model card's call
+    must read them alike, with pairs cut at data.max_seq_length as in training."""
+    import re
+
+    def pair_rows(count, seed):
+        firsts = sentiment_rows(count, seed + 100)
+        return [{"text": first["text"], "text_pair": row["text"], "label": row["label"]} for first, row in zip(firsts, sentiment_rows(count, seed))]
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", pair_rows(48, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", pair_rows(16, 2))}
+    run = train(tmp_path, "classification", family_checkpoint(family), files, "data.max_seq_length=12",
+                data="  text_pair_column: text_pair", train="  max_steps: 4")
+    pairs = [{"text": row["text"], "text_pair": row["text_pair"]} for row in pair_rows(6, 3)]
+    pairs.append({"text": "the film " * 8, "text_pair": "the story was very good " * 3})  # cut: longer than 12 pieces
+    predicted = predict(run, pairs, tmp_path)
+    classifier = pipeline("text-classification", model=str(run), top_k=None)
+    card_call = re.search(r"predictor\((.*)\)\)", (run / "README.md").read_text()).group(1)
+    assert card_call.startswith('{"text": ') and card_call.endswith("truncation=True, max_length=12"), card_call
+    served = [classifier(pair, truncation=True, max_length=12) for pair in pairs]
+    assert [row["scores"] for row in predicted] == [pytest.approx({s["label"]: s["score"] for s in scores}, abs=1e-4) for scores in served]
+    assert {s["label"] for s in eval(f"classifier({card_call})", {"classifier": classifier})} == {"positive", "negative"}
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_families_pair_regression_predict_and_pipeline_give_the_same_raw_score(family, family_checkpoint, tmp_path):
+    """STS-B-style similarity scores: pipeline() must apply no sigmoid to a regression head, and predict's score is the raw output."""
+    def scored_pairs(count, seed):
+        firsts = sentiment_rows(count, seed + 100)
+        return [{"text": first["text"], "text_pair": row["text"], "label": 4.5 if row["label"] == "positive" else 0.5}
+                for first, row in zip(firsts, sentiment_rows(count, seed))]
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", scored_pairs(48, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", scored_pairs(16, 2))}
+    run = train(tmp_path, "classification", family_checkpoint(family), files, data="  text_pair_column: text_pair", train="  max_steps: 8")
+    pairs = [{"text": row["text"], "text_pair": row["text_pair"]} for row in scored_pairs(6, 3)]
+    predicted = [row["score"] for row in predict(run, pairs, tmp_path)]
+    served = [row["score"] for row in pipeline("text-classification", model=str(run))(pairs, truncation=True, max_length=64)]
+    assert predicted == pytest.approx(served, abs=1e-4)
+    # The head's raw output, not a probability.
+    tokenizer, model = AutoTokenizer.from_pretrained(run), AutoModelForSequenceClassification.from_pretrained(run).eval()
+    with torch.no_grad():
+        raw = [float(model(**tokenizer(pair["text"], pair["text_pair"], return_tensors="pt")).logits) for pair in pairs]
+    assert predicted == pytest.approx(raw, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
 def test_families_qa_spans_are_exact_everywhere(family, family_checkpoint, tmp_path):
     from tasks import load_tasks
 
