@@ -9,8 +9,9 @@ files optional). Out: a folder of the other kind that ``AutoModel*.from_pretrain
 
 Only the tensors' names change; values are copied bit for bit, so converted models give the same outputs.
 The head is kept when both sides have it (masked LM, sequence/token classification, QA); the NSP head of
-BertForPreTraining has no counterpart here and is dropped. The reverse direction needs the BERT
-architecture proper: learned positions, dot-product attention, post-LayerNorm.
+BertForPreTraining has no counterpart here and is dropped, as is a pooler that the target head does not
+read. Decoder BERTs (``is_decoder``) and relative positions are refused. The reverse direction needs the
+BERT architecture proper: learned positions, unscaled token embeddings, dot-product attention, post-LayerNorm.
 """
 
 import json
@@ -80,6 +81,7 @@ _BERT_FIELDS = (
     "problem_type",
     "tie_word_embeddings",
 )
+_POOLER = re.compile(r"^(bert\.)?pooler\.")
 _WEIGHT_FILES = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 
 
@@ -129,6 +131,19 @@ def _split_prefix(name: str) -> tuple[str, str]:
 def _bert_to_ours(state, config_dict):
     from .configuration import BertpipeBertConfig
 
+    # Refused before any tensor is read: a relative-position checkpoint also carries distance_embedding
+    # tensors, and an error about those would hide the setting that is really unsupported.
+    position_embedding_type = config_dict.get("position_embedding_type", "absolute")
+    if position_embedding_type != "absolute":
+        raise ValueError(
+            f"position_embedding_type={position_embedding_type!r} has no bertpipe counterpart; "
+            "only 'absolute' (learned) position embeddings convert"
+        )
+    # A decoder BERT attends causally (and, with add_cross_attention, to an encoder); ours is a
+    # bidirectional encoder, so converting would silently change every output.
+    for key in ("is_decoder", "add_cross_attention"):
+        if config_dict.get(key):
+            raise ValueError(f"{key}=true has no bertpipe counterpart; only bidirectional encoders convert")
     if "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
         # Some exports keep the output bias only under its tied alias.
         state = {**state, "cls.predictions.bias": state["cls.predictions.decoder.bias"]}
@@ -144,8 +159,6 @@ def _bert_to_ours(state, config_dict):
         if new is None:
             raise KeyError(f"no bertpipe counterpart for tensor {name!r}")
         converted[prefix + new] = tensor
-    if config_dict.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError("only absolute (learned) position embeddings have a bertpipe counterpart")
     kwargs = {key: config_dict[key] for key in _BERT_FIELDS if key in config_dict}
     config = BertpipeBertConfig(
         position_embedding="learned", attention_score="dot", norm="layer", norm_placement="post", **kwargs
@@ -164,6 +177,8 @@ def _ours_to_bert(state, config_dict):
         ("attention_score", "dot"),
         ("norm", "layer"),
         ("norm_placement", "post"),
+        # transformers BERT adds token embeddings unscaled; a √hidden_size factor would be dropped silently.
+        ("scale_embedding", False),
     ):
         if config_dict.get(key, required) != required:
             raise ValueError(f"transformers BERT needs {key}={required!r}; this checkpoint has {config_dict[key]!r}")
@@ -217,6 +232,10 @@ def convert_bert(src: str, dst: str, reverse: bool = False) -> None:
     has_pooler = any(".pooler." in name or name.startswith("pooler.") for name in converted)
     init_kwargs = {"add_pooling_layer": has_pooler} if class_name in ("BertModel", "BertpipeModel") else {}
     model = model_class(config, **init_kwargs)
+    if model.base_model.pooler is None:
+        # BertForPreTraining and BERT's original MLM checkpoints (bert-base-uncased) carry the NSP pooler,
+        # which a masked-LM, token or QA head never reads; transformers drops it at load time too.
+        converted = {name: tensor for name, tensor in converted.items() if not _POOLER.match(name)}
     missing, unexpected = model.load_state_dict(converted, strict=False)
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     missing = [name for name in missing if name not in tied and not name.endswith(("position_ids", "token_type_ids"))]

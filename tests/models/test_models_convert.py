@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModel,
     AutoModelForMaskedLM,
@@ -14,6 +14,7 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
+    BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -115,3 +116,46 @@ def test_convert_minilm_matches_transformers_bert_model(tmp_path, minilm):
     with torch.no_grad():
         torch.testing.assert_close(back(**batch).last_hidden_state, expected.last_hidden_state, atol=0, rtol=0)
     assert AutoTokenizer.from_pretrained(tmp_path / "back")("hello")["input_ids"] == tokenizer("hello")["input_ids"]
+
+
+def test_convert_reverse_refuses_scaled_token_embeddings(tmp_path, make_bert_config):
+    # transformers BERT has no √hidden_size factor: converting would silently change every output.
+    BertpipeModel(make_bert_config(scale_embedding=True)).save_pretrained(tmp_path / "ours")
+    with pytest.raises(ValueError, match="scale_embedding"):
+        convert_bert(str(tmp_path / "ours"), str(tmp_path / "back"), reverse=True)
+    assert not (tmp_path / "back").exists()
+
+
+@pytest.mark.parametrize(
+    "setting, match",
+    [
+        ({"is_decoder": True}, "is_decoder"),
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
+    ],
+)
+def test_convert_refuses_settings_ours_cannot_reproduce_by_name(tmp_path, setting, match):
+    torch.manual_seed(0)
+    BertModel(tiny_hf_config()).save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **setting}))
+    if "position_embedding_type" in setting:
+        # As saved by a relative-position BERT: the distance table comes along with the config key.
+        state = load_file(tmp_path / "hf" / "model.safetensors")
+        state["encoder.layer.0.attention.self.distance_embedding.weight"] = torch.zeros(63, 16)
+        save_file(state, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=match):
+        convert_bert(str(tmp_path / "hf"), str(tmp_path / "ours"))
+
+
+def test_convert_pretraining_checkpoint_drops_the_unused_pooler(tmp_path, batch):
+    # BertForPreTraining (and bert-base-uncased, saved as BertForMaskedLM) carry the NSP pooler, which the
+    # masked-LM head never reads.
+    torch.manual_seed(0)
+    reference = BertForPreTraining(tiny_hf_config()).eval()
+    reference.save_pretrained(tmp_path / "hf")
+    assert any(".pooler." in name for name in load_file(tmp_path / "hf" / "model.safetensors"))
+
+    convert_bert(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    ours = AutoModelForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**batch).logits, reference(**batch).prediction_logits, atol=1e-6, rtol=1e-6)
