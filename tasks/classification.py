@@ -9,6 +9,7 @@ Out: an ``AutoModelForSequenceClassification`` whose config carries ``id2label``
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -25,6 +26,8 @@ from pipelines.data import (
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model
 from pipelines.task import TaskBase
+
+logger = logging.getLogger(__name__)
 
 ProblemType = Literal["auto", "single_label", "multi_label", "regression"]
 _HF_PROBLEM_TYPE = {
@@ -141,6 +144,22 @@ class ClassificationTask(TaskBase):
             return rows
         return [to_id(value, row) for row, value in enumerate(column)]
 
+    def _check_training_classes(self, label_ids: list[int]) -> None:
+        """A training split without some classes trains a model that never predicts them, with no error;
+        the usual cause is ``data.max_train_samples`` keeping the first rows of a split sorted by label."""
+        data = self.config.data
+        present = set(label_ids)
+        missing = [name for index, name in enumerate(self.label_names) if index not in present]
+        if not missing:
+            return
+        where = f"split {data.train_split!r} ({split_source(data, data.train_split)})"
+        cut = (f"; data.max_train_samples={data.max_train_samples} keeps the split's first rows, and its rows may be sorted "
+               "by label: shuffle the file or raise the limit") if data.max_train_samples else ""
+        if len(present) < 2:
+            only = self.label_names[next(iter(present))] if present else None
+            raise DataError(f"{where}: every training example has label {only!r}; a classifier needs examples of two or more labels{cut}")
+        logger.warning("%s has no examples of label(s) %s, which the model will never learn to predict%s", where, missing, cut)
+
     # ----- the task interface ------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
@@ -193,7 +212,10 @@ class ClassificationTask(TaskBase):
         # predict never reads them, so they are not checked against the label set.
         labelled = self.label_column in examples.column_names and not inputs
         if labelled:
-            examples = examples.add_column("__labels", self._label_ids(examples, data.train_split if train else data.eval_split))
+            label_ids = self._label_ids(examples, data.train_split if train else data.eval_split)
+            if train and self.problem_type == "single_label":
+                self._check_training_classes(label_ids)
+            examples = examples.add_column("__labels", label_ids)
         return examples.map(
             _tokenize, batched=True, remove_columns=examples.column_names, num_proc=data.preprocessing_num_workers,
             fn_kwargs={

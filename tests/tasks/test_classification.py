@@ -141,3 +141,19 @@ def test_classification_predict_inputs_with_gold_labels_outside_the_set_are_not_
     inputs = task.load_inputs(str(write_jsonl(tmp_path / "test.jsonl", [{"text": "fine", "label": "neutral"}, {"text": "meh", "label": None}])))
     features = task.preprocess(inputs, train=False, inputs=True)
     assert len(features) == 2 and "labels" not in features.column_names
+
+
+def test_classification_training_rows_of_one_label_are_refused_naming_the_sample_limit(tmp_path, tiny_bert, caplog):
+    """A file sorted by label, cut by data.max_train_samples: one class left would train a constant classifier."""
+    rows = [{"text": f"bad film {i}", "label": "negative"} for i in range(6)] + [{"text": f"good film {i}", "label": "positive"} for i in range(6)]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows, "data.max_train_samples=4", "classification.label_names=[negative,positive]")
+    with pytest.raises(DataError, match=r"split 'train' \(data.files.train: .*train.jsonl\): every training example has label "
+                                        r"'negative'.*data.max_train_samples=4 keeps the split's first rows"):
+        task.preprocess(raw["train"], train=True)
+    task.preprocess(raw["validation"], train=False)  # an eval split of one label is fine
+
+    three = [*rows, {"text": "fine film", "label": "neutral"}]
+    task, raw = make_task(tmp_path, tiny_bert, three, three, "classification.label_names=[negative,neutral,positive]", "data.max_train_samples=8")
+    with caplog.at_level("WARNING", logger="tasks.classification"):
+        task.preprocess(raw["train"], train=True)
+    assert "no examples of label(s) ['neutral']" in caplog.text
