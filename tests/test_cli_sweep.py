@@ -153,3 +153,31 @@ def test_cli_sweep_bad_space_is_exit_2_naming_key_and_file(tmp_path, tiny_bert, 
     assert "'train.lr_scheduler' takes one of 'linear', 'cosine', 'constant'" in result.stderr and str(space) in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "bad").exists(), "nothing is written before the space is valid"
+
+
+def test_cli_sweep_another_study_never_runs_in_the_first_studys_trial_folders(tmp_path, tiny_bert, sentiment_files):
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "two")
+    args = ["sweep", str(config), "--trials", "1", "--space", str(space), "--pruner", "none", "train.max_steps=8"]
+    run_cli(*args)
+    first = tmp_path / "two" / "trials" / "0000"
+    before = {path.name: path.read_bytes() for path in first.iterdir()}
+    # Trial numbers restart at 0 in a new study; overwrite=true would let trial 0 replace the first study's trial 0.
+    for extra in (["--study", "other"], []):
+        if not extra:  # the same study name, its journal gone: trial 0 again
+            (tmp_path / "two" / "optuna.journal").unlink()
+        result = run_cli(*args, *extra, "overwrite=true", check=False)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert str(tmp_path / "two") in result.stderr and "own output_dir" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert {path.name: path.read_bytes() for path in first.iterdir()} == before
+    assert sorted(path.name for path in (tmp_path / "two" / "trials").iterdir()) == ["0000"]
+
+
+def test_cli_sweep_trial_error_is_one_message_without_traceback(tmp_path, tiny_bert, sentiment_files):
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "bogus")
+    result = run_cli("sweep", str(config), "--trials", "2", "--space", str(space), "train.metric_for_best_model=eval_bogus",
+                     check=False)
+    assert result.returncode == 2
+    assert "bertpipe sweep: error: train.metric_for_best_model='eval_bogus' is not among the eval metrics" in result.stderr
+    # Optuna's own log of the failed trial would repeat the error with its traceback.
+    assert "Traceback" not in result.stderr and result.stderr.count("eval_bogus") == 1, result.stderr[-3000:]

@@ -99,13 +99,16 @@ def summarize_to_accuracy(references: Sequence[dict[str, Any]], curves: Sequence
     reference_seconds = statistics.fmean(run["wall_time"] for run in references)
     times = [row["seconds"] for row in reached if row["seconds"] is not None]
     ours = statistics.fmean(times) if len(times) == len(reached) and times else None
-    mean_point = first_reaching(mean_curve(curves), target, greater_is_better)
+    averaged = mean_curve(curves)
+    mean_point = first_reaching(averaged, target, greater_is_better)
     return {
         "metric": metric, "target": target, "reference": REFERENCE,
         "reference_seconds": reference_seconds, "bertpipe_seconds": ours,
         "speedup": reference_seconds / ours if ours else None,
         # The seed-mean view: one seed's luck decides the per-seed rows; the mean curve compares means.
         "mean_curve_point": mean_point,
+        # Empty when the seeds evaluated at different steps (early stopping): then there is no mean curve to read.
+        "mean_curve_evaluations": len(averaged),
         "mean_curve_speedup": reference_seconds / mean_point["seconds"] if mean_point else None,
         "references": [{"seed": run["seed"], "seconds": run["wall_time"], "final_metric": run["metrics"][metric]} for run in references],
         "bertpipe": reached,
@@ -138,6 +141,9 @@ def format_to_accuracy(summary: dict[str, Any], header: dict[str, Any]) -> str:
         lines += ["", f"Mean over seeds, evaluation by evaluation: bertpipe's mean {metric} is {point['metric']:.4f} at step "
                   f"{point['step']}, {point['seconds']:.1f} s from start, against {summary['reference_seconds']:.1f} s for "
                   f"{REFERENCE}: **{summary['mean_curve_speedup']:.2f}x** sooner."]
+    elif summary.get("mean_curve_evaluations") == 0:
+        lines += ["", "Mean over seeds, evaluation by evaluation: not computed, the seeds evaluated at different steps "
+                  "(early stopping); see the per-seed rows."]
     else:
         lines += ["", f"Mean over seeds, evaluation by evaluation: bertpipe's mean {metric} never reaches {target:.4f}."]
     if summary["bertpipe_seconds"] is not None:

@@ -9,6 +9,7 @@ Out: the study continued until it holds that many finished trials; the report (`
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
 from pipelines.config import RunConfig, load_config, parse_override
-from pipelines.sweep.plan import JOURNAL_FILE, SweepPlan, TaskLookup, make_pruner, open_storage
+from pipelines.sweep.plan import JOURNAL_FILE, TRIAL_FILE, SweepPlan, TaskLookup, make_pruner, open_storage
 from pipelines.sweep.report import write_report
 from pipelines.sweep.space import SweepError, load_space
 from pipelines.sweep.workers import fail_dead_trials, run_workers, trial_dir
@@ -69,6 +70,7 @@ def run_sweep(
         first_report=(base.train.eval_steps or 1) * base.train.batch_size * base.train.gradient_accumulation_steps,
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _check_trials_are_this_studys(plan)
     output_dir.mkdir(parents=True, exist_ok=True)
     study = _create_study(plan)
     for number in fail_dead_trials(study):
@@ -98,6 +100,25 @@ def _pins(config: RunConfig, overrides: Sequence[str], workers: int) -> list[str
     return pins
 
 
+def _check_trials_are_this_studys(plan: SweepPlan) -> None:
+    """Refuse an output_dir whose trial folders belong to another study, before anything is written.
+
+    Trial numbers start at 0 in every study, so a second study there would run its trials in the
+    first one's folders.
+    """
+    for record_path in sorted(plan.trials_dir.glob(f"*/{TRIAL_FILE}")):
+        try:
+            study = json.loads(record_path.read_text()).get("study")
+        except (OSError, ValueError, AttributeError):
+            continue  # not a record of ours: the trial itself will refuse to run in that folder
+        if study is not None and study != plan.study_name:
+            raise SweepError(
+                f"{plan.output_dir} holds the trials of study {study!r} ({record_path}); study {plan.study_name!r} would "
+                f"run its trials in the same numbered folders. Give study {plan.study_name!r} its own output_dir, or "
+                f"continue {study!r} with --study {study}"
+            )
+
+
 def _create_study(plan: SweepPlan):
     try:
         study = optuna.create_study(
@@ -113,6 +134,6 @@ def _create_study(plan: SweepPlan):
     elif objective != plan.metric or study.direction.name.lower() != plan.direction:
         raise SweepError(
             f"study {plan.study_name!r} in {plan.storage} optimises {objective} ({study.direction.name.lower()}), not "
-            f"{plan.metric} ({plan.direction}); use another --study or output_dir"
+            f"{plan.metric} ({plan.direction}); give the new study its own output_dir"
         )
     return study

@@ -15,6 +15,7 @@ failed (:func:`fail_dead_trials`), their run directories are left as they were, 
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -119,7 +120,9 @@ def work(plan: SweepPlan, get_task: TaskLookup, index: int) -> None:
     """One worker: start trials one at a time until the study holds ``plan.trials`` finished ones."""
     import fcntl
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Optuna logs every failed trial with its traceback at WARNING. A trial error that ends the sweep
+    # is reported once by the CLI (exit 2, no traceback); one that does not, the objective prints itself.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(plan.storage)
     study = optuna.load_study(study_name=plan.study_name, storage=storage)
     # Seeded for a reproducible sweep, but differently per worker and per restart: the same seed
@@ -178,6 +181,13 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
 
     values = {param.key: param.suggest(trial) for param in plan.params}
     run_dir = trial_dir(plan, trial.number)
+    if run_dir.exists():
+        # Trial numbers restart at 0 in a new study (another --study, or a removed journal): this folder
+        # is another trial's run, which train() would refuse or, under overwrite=true, delete.
+        raise SweepError(
+            f"trial {trial.number} of study {plan.study_name!r} would run in {run_dir}, which already exists (a trial of "
+            f"another study, or of one whose storage was removed); it was left as it was. Give this study its own output_dir"
+        )
     trial_overrides = [f"{key}={yaml_scalar(value)}" for key, value in values.items()]
     overrides = [*plan.overrides, *trial_overrides, f"output_dir={run_dir}"]
     trial.set_user_attr("run_dir", str(run_dir))
@@ -212,6 +222,8 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
     except BaseException as error:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / TRIAL_FILE, {**record, "state": "FAIL", "error": f"{type(error).__name__}: {error}"})
+        if isinstance(error, _recoverable_errors()):
+            print(f"trial {trial.number}: failed ({type(error).__name__}: {error}); another trial takes its place", flush=True)
         raise
     seconds = round(time.perf_counter() - started, 1)
     if pruned_at:
@@ -221,6 +233,11 @@ def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[
                                           "pruner": plan.pruner, "seconds": seconds})
         print(f"trial {trial.number}: pruned at step {step} ({plan.metric}={last:.4f}, {seconds} s) {run_dir}", flush=True)
         raise optuna.TrialPruned(f"{plan.metric}={last} at step {step}")
+    if math.isnan(value):
+        # Optuna fails a trial whose objective is NaN (a diverged run); its record says so too.
+        write_json(run_dir / TRIAL_FILE, {**record, "state": "FAIL", "error": f"{plan.metric} is NaN", "seconds": seconds})
+        print(f"trial {trial.number}: {plan.metric} is NaN (diverged?); failed, another trial takes its place {run_dir}", flush=True)
+        return value
     write_json(run_dir / TRIAL_FILE, {**record, "state": "COMPLETE", plan.metric: value, "seconds": seconds})
     print(f"trial {trial.number}: {plan.metric}={value:.4f} ({seconds} s) {run_dir}", flush=True)
     return value

@@ -65,3 +65,14 @@ def test_shipped_config_keeps_its_evaluation_schedule_but_no_trackers(tmp_path, 
     tree = shipped_config_tree(config)
     assert tree["train"]["eval_steps"] == 3 and tree["train"]["save_steps"] == 6
     assert tree["train"]["report_to"] == [] and tree["overwrite"] is True
+
+
+def test_to_accuracy_seeds_stopped_at_different_steps_are_not_reported_as_never_reaching():
+    """Early stopping ends seeds at different steps: no mean curve exists, which is not a mean that misses the target."""
+    stopped_early = [*CURVE[:2], {**CURVE[1], "seconds": 21.0}]  # stopped at step 100, then the final evaluation
+    curves = [{"seed": 1, "curve": CURVE}, {"seed": 2, "curve": stopped_early}]
+    summary = summarize_to_accuracy([_reference(1, 100.0, 0.84), _reference(2, 100.0, 0.84)], curves, metric="accuracy")
+    assert [row["seconds"] for row in summary["bertpipe"]] == [20.0, 20.0] and summary["mean_curve_point"] is None
+    table = format_to_accuracy(summary, {"config": "c.yaml", "precision": "fp32", "load_average": {"start": (0, 0, 0), "end": (0, 0, 0)}})
+    assert "never reaches" not in table and "the seeds evaluated at different steps" in table
+    assert "**5.00x** sooner" in table  # every seed reached it: the per-seed comparison stands

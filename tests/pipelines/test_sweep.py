@@ -148,3 +148,32 @@ def test_sweep_report_sorts_complete_then_pruned_by_objective(tmp_path):
     assert (report["complete"], report["pruned"], report["failed"], report["best_trial"]) == (2, 2, 1, 2)
     text = (tmp_path / "sweep.md").read_text()
     assert "2 finished of 4 asked" not in text and "4 finished of 4 asked (2 complete, 2 pruned), 1 failed" in text
+
+
+def test_sweep_trial_with_a_nan_objective_is_recorded_failed_as_the_study_counts_it(tmp_path, monkeypatch, tiny_bert, sentiment_files):
+    import json
+    import math
+
+    import optuna
+
+    import pipelines.train
+    from pipelines.sweep import SweepPlan
+    from pipelines.sweep.workers import _objective
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    def diverged(config, task, *, on_start, on_evaluate):  # a learning rate that blew the run up
+        Path(config.output_dir).mkdir(parents=True)
+        on_start(Path(config.output_dir))
+        return {"eval_accuracy": math.nan}
+
+    monkeypatch.setattr(pipelines.train, "train", diverged)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="nan")
+    plan = SweepPlan(config_path=str(config), overrides=(), params=(Param("train.learning_rate", "log_uniform", 1e-5, 1e-3),),
+                     metric="eval_accuracy", direction="maximize", trials=1, output_dir=str(tmp_path / "nan"), study_name="nan",
+                     storage="memory", pruner="none", seed=0, deadline=None)
+    study = optuna.create_study(direction="maximize")
+    study.optimize(lambda trial: _objective(trial, plan, get_task, lambda: None), n_trials=1)
+    assert study.trials[0].state.name == "FAIL"
+    record = json.loads((tmp_path / "nan" / "trials" / "0000" / "trial.json").read_text())
+    assert record["state"] == "FAIL" and record["error"] == "eval_accuracy is NaN"
