@@ -43,9 +43,17 @@ class TranslationTask(TranslationModelBuilding, TaskBase):
     onnx_outputs: ClassVar[tuple[str, ...]] = ()  # generation is not exported
     # transformers 5 has no translation pipeline (bertpipe registers its own, tasks.translation.pipeline).
     card_pipeline_input: ClassVar[str | None] = None
-    card_model_usage: ClassVar[str | None] = """inputs = tokenizer(["A man is riding a bicycle."], return_tensors="pt")
-generated = model.generate(**inputs, max_new_tokens=64, num_beams=4)
-print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
+    # What predict does: the run's source prefix and truncation length (both on its config), generate()
+    # with the beam settings saved in its generation_config, decoded as predict decodes.
+    card_model_usage: ClassVar[str | None] = """sources = ['A man is riding a bicycle.']
+inputs = tokenizer([(model.config.prefix or "") + text for text in sources], return_tensors="pt", truncation=True,
+                   max_length=model.config.max_source_length, return_token_type_ids=False)
+generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True, clean_up_tokenization_spaces=True)])"""
+    card_sample_sources: ClassVar[dict[str, str]] = {
+        "en": "A man is riding a bicycle.", "de": "Ein Mann fährt Fahrrad.", "fr": "Un homme fait du vélo.",
+        "es": "Un hombre anda en bicicleta.", "ro": "Un bărbat merge cu bicicleta.",
+    }
     packable: ClassVar[bool] = False  # encoder-decoder batches
 
     def __init__(self, config: RunConfig) -> None:
@@ -56,6 +64,8 @@ print(tokenizer.batch_decode(generated, skip_special_tokens=True))"""
         self.warm_start: bool | None = None
         self.checkpoint_decoder_start: int | None = None
         self.source_prefix = self.options.source_prefix or ""
+        sample = self.card_sample_sources.get(self.options.source_lang.split("_")[0].lower(), f"(a {self.options.source_lang} sentence)")
+        self.card_model_usage = type(self).card_model_usage.replace(repr(self.card_sample_sources["en"]), repr(sample), 1)
         self.lowercase: bool = False
         self.signatures: dict[str, str] = {}
         self._metrics: dict[str, Any] = {}

@@ -63,6 +63,23 @@ def test_families_translation_predict_and_pipeline_agree(translation_run):
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 3
 
 
+def test_families_translation_model_cards_code_translates_as_predict_does(translation_run, capsys):
+    """The card's code reads the run's prefix (T5), truncation length and generation settings from what the run saved."""
+    import ast
+    import re
+
+    family, run, folder = translation_run
+    card = (run / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace(f'"{run.name}"', f'"{run}"')
+    sources = ast.literal_eval(re.search(r"^sources = (.*)$", code, re.M).group(1))
+    assert sources == ["Ein Mann fährt Fahrrad."]  # the run's source language (de)
+    capsys.readouterr()
+    exec(code, {})
+    printed = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
+    predicted = predict(run, [{"de": source} for source in sources], folder)
+    assert printed == [row["translation_text"] for row in predicted], family
+
+
 @pytest.mark.parametrize("family", [family for family in SEQ2SEQ_FAMILIES if family != "bert2bert"])
 def test_families_translation_lora_attaches_without_naming_target_modules(family, family_checkpoint):
     checkpoint = family_checkpoint(family)

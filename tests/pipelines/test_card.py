@@ -57,7 +57,7 @@ def test_card_adapter_card_names_the_base_and_loads_with_peft(tmp_path):
 
 
 @pytest.mark.parametrize("task_name, expected", [
-    ("translation", "model.generate(**inputs, max_new_tokens=64"),
+    ("translation", "(model.config.prefix or \"\") + text"),
     ("mlm", 'pipeline("fill-mask", model="m/x")'),
     ("qa", "outputs.start_logits.argmax()"),
     ("classification", 'pipeline("text-classification", model="m/x")'),
