@@ -81,13 +81,29 @@ class QATask(TaskBase):
     onnx_outputs: ClassVar[tuple[str, ...]] = ("start_logits", "end_logits")
     # transformers 5 has no question-answering pipeline (bertpipe registers its own, tasks.qa.pipeline).
     card_pipeline_input: ClassVar[str | None] = None
+    # transformers 5 has no question-answering pipeline (bertpipe registers its own): the card decodes as
+    # predict does, with the settings the run saved (one window; longer contexts need predict's stride).
     card_model_usage: ClassVar[str | None] = """import torch
 
-inputs = tokenizer("Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare.", return_tensors="pt")
+question, context = "Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare."
+settings = model.config.task_specific_params["question-answering"]  # what the run was evaluated with
+question_first = tokenizer.padding_side == "right"  # tokenizers that pad on the left (XLNet) put the context first
+inputs = tokenizer(*((question, context) if question_first else (context, question)), return_tensors="pt",
+                   truncation="only_second" if question_first else "only_first", max_length=settings["max_seq_len"],
+                   return_offsets_mapping=True)
+offsets = inputs.pop("offset_mapping")[0].tolist()
 with torch.no_grad():
     outputs = model(**inputs)
-start, end = int(outputs.start_logits.argmax()), int(outputs.end_logits.argmax())
-print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))"""
+starts, ends = outputs.start_logits[0].tolist(), outputs.end_logits[0].tolist()
+# The best span of context tokens by start + end logit: start <= end, at most max_answer_len tokens.
+in_context = [part == (1 if question_first else 0) for part in inputs.sequence_ids(0)]
+best, start, end = max((starts[s] + ends[e], s, e) for s in range(len(starts))
+                       for e in range(s, min(s + settings["max_answer_len"], len(ends))) if in_context[s] and in_context[e])
+cls = inputs["input_ids"][0].tolist().index(tokenizer.cls_token_id)
+if settings["handle_impossible_answer"] and starts[cls] + ends[cls] - best > settings["null_score_diff_threshold"]:
+    print("(no answer)")
+else:
+    print(context[offsets[start][0] : offsets[end][1]].strip())"""
     packable: ClassVar[bool] = False  # start/end positions index the row
 
     def __init__(self, config: RunConfig) -> None:

@@ -72,6 +72,23 @@ def predict(run: Path, rows: list[dict], folder: Path) -> list[dict]:
     return [json.loads(line) for line in target.read_text().splitlines()]
 
 
+def card_code(run: Path) -> str:
+    """The Python block of the run's model card, loading this run folder (the card names the model by the folder's name)."""
+    code = re.search(r"```python\n(.*?)```", (run / "README.md").read_text(), re.S).group(1)
+    return code.replace(f'"{run.name}"', f'"{run}"')
+
+
+def run_card_code(code: str) -> str:
+    """What the code prints, run in a namespace of its own."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {})
+    return printed.getvalue()
+
+
 # ----- toy data -------------------------------------------------------------------------------------
 def sentiment_rows(count: int, seed: int) -> list[dict]:
     rng = random.Random(seed)

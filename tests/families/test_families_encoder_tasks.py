@@ -21,7 +21,7 @@ from pipelines.modeling import apply_peft, count_parameters, load_model
 from pipelines.runtime import layer_classes_to_wrap
 from tests.conftest import write_jsonl
 from tests.families.builders import ENCODER_FAMILIES
-from tests.families.matrix import mlm_lines, piece_word, predict, qa_rows, sentiment_rows, train, word_spans
+from tests.families.matrix import card_code, mlm_lines, run_card_code, piece_word, predict, qa_rows, sentiment_rows, train, word_spans
 
 LABELS = {"num_labels": 3, "id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
 HEADS = {
@@ -118,6 +118,13 @@ def test_families_qa_spans_are_exact_everywhere(family, family_checkpoint, tmp_p
         exact(question["context"], row["answer"], row["start"], row["end"])
         served = answerer(question=question["question"], context=question["context"])
         assert (served["answer"], served["start"], served["end"]) == (row["answer"], row["start"], row["end"])
+    # The model card's code (no pipeline needed) answers as predict does.
+    code = card_code(run)
+    asked = 'question, context = "Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare."'
+    assert asked in code
+    for question, row in zip(questions, predicted):
+        printed = run_card_code(code.replace(asked, f"question, context = {question['question']!r}, {question['context']!r}"))
+        assert printed.strip() == row["answer"], (family, question["question"])
 
 
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)

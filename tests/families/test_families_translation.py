@@ -18,7 +18,7 @@ from pipelines.config import ModelConfig, PeftConfig
 from pipelines.modeling import apply_peft, count_parameters, load_model
 from tests.conftest import write_jsonl
 from tests.families.builders import SEQ2SEQ_FAMILIES
-from tests.families.matrix import predict, train, translation_rows
+from tests.families.matrix import card_code, predict, run_card_code, train, translation_rows
 
 GENERATION = "num_beams: 2, max_new_tokens: 8"
 OPTIONS = {"mbart": f"src_lang: de_DE, tgt_lang: en_XX, {GENERATION}"}
@@ -63,19 +63,16 @@ def test_families_translation_predict_and_pipeline_agree(translation_run):
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 3
 
 
-def test_families_translation_model_cards_code_translates_as_predict_does(translation_run, capsys):
+def test_families_translation_model_cards_code_translates_as_predict_does(translation_run):
     """The card's code reads the run's prefix (T5), truncation length and generation settings from what the run saved."""
     import ast
     import re
 
     family, run, folder = translation_run
-    card = (run / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace(f'"{run.name}"', f'"{run}"')
+    code = card_code(run)
     sources = ast.literal_eval(re.search(r"^sources = (.*)$", code, re.M).group(1))
     assert sources == ["Ein Mann fährt Fahrrad."]  # the run's source language (de)
-    capsys.readouterr()
-    exec(code, {})
-    printed = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = ast.literal_eval(run_card_code(code).strip().splitlines()[-1])
     predicted = predict(run, [{"de": source} for source in sources], folder)
     assert printed == [row["translation_text"] for row in predicted], family
 
