@@ -36,6 +36,9 @@ RESUME_MAY_CHANGE = (
     "train.dataloader_num_workers", "train.torch_num_threads", "train.compile", "train.compile_backend",
     "data.preprocessing_num_workers", "hub.",
 )
+BEST_MODEL_CADENCE = ("train.eval_steps",)
+"""Resume-changeable keys that become trajectory keys under ``train.metric_for_best_model``: the
+evaluations then pick the model reloaded at the end and decide when early stopping ends the run."""
 _NAME = re.compile(r"^step-(\d{8})$")
 
 
@@ -59,6 +62,14 @@ class TrainerState:
     train_runtime: float = 0.0
     """Totals over every segment of the run (all processes) up to this checkpoint, so that a resumed
     run's ``metrics.json`` describes the whole run; runtime counts the training loop's seconds only."""
+    interval_loss: float = 0.0
+    interval_batches: int = 0
+    """Summed loss (mean over processes) and count of the batches since the last logged step: a
+    checkpoint between logging steps must carry them, or the next logged loss and ``train_loss``
+    would leave those batches out."""
+    stopped_early: bool = False
+    """Early stopping (or the caller's ``on_evaluate``) ended training at this step; a resume from here
+    goes straight to the final evaluation instead of training on."""
     log_history: list[dict] = field(default_factory=list)
 
     @classmethod
@@ -145,13 +156,18 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
+def _may_change(key: str) -> bool:
+    return any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUME_MAY_CHANGE)
+
+
 def resume_differences(saved: dict, current: dict) -> list[str]:
     """``key: checkpoint value -> current value`` for each trajectory key that differs."""
     old, new = _flatten(saved), _flatten(current)
+    tracks_best = bool(old.get("train.metric_for_best_model") or new.get("train.metric_for_best_model"))
     missing = object()
     lines = []
     for key in sorted(set(old) | set(new)):
-        if any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUME_MAY_CHANGE):
+        if _may_change(key) and not (tracks_best and key in BEST_MODEL_CADENCE):
             continue
         before, after = old.get(key, missing), new.get(key, missing)
         if before != after:
@@ -181,8 +197,8 @@ def check_resume_config(folder: Path, current: dict) -> None:
             f"train.resume_from_checkpoint={folder} was trained with other settings ({source}):\n  "
             + "\n  ".join(differences)
             + "\nResume with the checkpoint's values, or start a new run (another output_dir, or overwrite=true). "
-            "Only logging/eval/save cadence, trackers, save_total_limit, hub settings and speed settings may change "
-            "on a resume."
+            "Only logging/eval/save cadence (eval cadence not with train.metric_for_best_model), trackers, "
+            "save_total_limit, hub settings and speed settings may change on a resume."
         )
 
 

@@ -29,7 +29,9 @@ from tqdm.auto import tqdm
 from pipelines import outputs
 from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
-from pipelines.checkpoint import TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint
+from pipelines.checkpoint import (
+    CheckpointError, TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint,
+)
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, prepare_data, split_source
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
@@ -142,9 +144,8 @@ def train(
     # Tensors, not ints: int(mask.sum()) every step would force a device sync on accelerators.
     samples_seen = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     tokens_seen = torch.zeros((), dtype=torch.int64, device=accelerator.device)
-    interval_loss = torch.zeros((), device=accelerator.device)
-    interval_batches = 0
-    stop_early = False
+    interval_loss = torch.full((), float(state.interval_loss), device=accelerator.device)
+    interval_batches = state.interval_batches
     if config.train.eval_on_start and state.global_step == 0:
         log(run_evaluation()[1])
     train_started = time.perf_counter()
@@ -152,13 +153,18 @@ def train(
     earlier_samples, earlier_tokens, earlier_runtime = state.train_samples, state.train_tokens, state.train_runtime
 
     def update_totals() -> None:
-        """Whole-run totals over all processes into ``state`` (a collective: every process calls it)."""
+        """Whole-run totals over all processes, and the loss not yet logged, into ``state`` (a
+        collective: every process calls it)."""
         state.train_samples = earlier_samples + int(accelerator.reduce(samples_seen.clone(), reduction="sum").item())
         state.train_tokens = earlier_tokens + int(accelerator.reduce(tokens_seen.clone(), reduction="sum").item())
         state.train_runtime = earlier_runtime + (time.perf_counter() - train_started)
+        # The mean over processes of the per-process sums: logging takes the mean of (sum / batches),
+        # which is linear, so every process restarting from this value logs what it would have.
+        state.interval_loss = accelerator.reduce(interval_loss.clone(), reduction="mean").item()
+        state.interval_batches = interval_batches
 
     model.train()
-    while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not stop_early:
+    while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not state.stopped_early:
         # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
         # loader re-applies its own epoch counter to the sampler each time it is iterated.
         train_sampler.set_epoch(state.epoch)
@@ -201,13 +207,13 @@ def train(
                 log(metrics)
                 if best.metric_name and best.update(metrics, state, save=lambda folder: _save_model(accelerator, model, folder)):
                     accelerator.print(f"early stopping: {best.metric_name} has not improved for {best.patience} evaluations")
-                    stop_early = True
+                    state.stopped_early = True
                 if on_evaluate is not None and on_evaluate(state.global_step, metrics):
-                    stop_early = True
+                    state.stopped_early = True
             if config.train.save_steps and state.global_step % config.train.save_steps == 0:
                 update_totals()
                 save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict())
-            if state.global_step >= plan.total_updates or stop_early:
+            if state.global_step >= plan.total_updates or state.stopped_early:
                 break
         else:
             state.epoch += 1
@@ -242,7 +248,24 @@ def _check_run_settings(config: RunConfig, task: Task) -> tuple[bool, Path | Non
     if config.train.resume_from_checkpoint:
         resume_folder = find_checkpoint(config.train.resume_from_checkpoint, Path(config.output_dir))
         check_resume_config(resume_folder, config.to_yaml_dict())
+        if config.train.load_best_model_at_end:
+            _check_best_model_kept(resume_folder, Path(config.output_dir) / BEST_MODEL_DIR)
     return replace_old_run, resume_folder
+
+
+def _check_best_model_kept(resume_folder: Path, best_folder: Path) -> None:
+    """Refuse a resume whose checkpoint names a best model that is no longer saved: the run would end
+    silently with the last weights under the best step's name (a finished run removes ``best_model/``)."""
+    try:
+        best_step = TrainerState.read(resume_folder).best_step
+    except (OSError, ValueError, TypeError):  # load_checkpoint() reports an unreadable checkpoint by its path
+        return
+    if best_step is not None and not best_folder.is_dir():
+        raise CheckpointError(
+            f"train.resume_from_checkpoint={resume_folder}: its best model (step {best_step}), to be reloaded at the end "
+            f"under train.load_best_model_at_end, was saved in {best_folder}, which no longer exists (a finished run "
+            "removes it after reloading it). Start a new run instead (another output_dir, or overwrite=true)."
+        )
 
 
 def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.Module:

@@ -84,3 +84,86 @@ def test_cli_resume_from_missing_or_corrupt_checkpoint_is_a_clear_error(tmp_path
     partial.mkdir()
     result = run_cli("train", str(config), f"train.resume_from_checkpoint={partial}", check=False)
     assert result.returncode == 2 and "incomplete" in result.stderr
+
+
+class Interrupted(Exception):
+    pass
+
+
+def train_in_process(config_path, *overrides, crash_when=None, monkeypatch=None):
+    """train() in this process; ``crash_when(folder, state)`` True interrupts it just after that checkpoint."""
+    import pipelines.train as train_module
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+
+    if crash_when is not None:
+        save = train_module.save_checkpoint
+
+        def save_then_crash(accelerator, output_dir, state, *args, **kwargs):
+            folder = save(accelerator, output_dir, state, *args, **kwargs)
+            if crash_when(folder, state):
+                raise Interrupted(folder)
+            return folder
+
+        monkeypatch.setattr(train_module, "save_checkpoint", save_then_crash)
+    config = load_run_config(get_task, str(config_path), ["train.mixed_precision=no", "train.torch_num_threads=1", *overrides])
+    try:
+        return train_module.train(config, get_task(config.task)(config))
+    finally:
+        monkeypatch.undo()
+
+
+def test_cli_resume_between_logging_steps_keeps_the_loss_of_batches_before_the_checkpoint(
+    tmp_path, tiny_bert, sentiment_files, monkeypatch,
+):
+    # Checkpoints every 2 updates, losses logged every 3: the checkpoint at step 4 falls inside the
+    # logging interval 4..6, whose loss must still average steps 4, 5 and 6 after the resume.
+    keys = dict(num_epochs=1, save_steps=2, logging_steps=3, eval_steps=None)
+    reference = train_in_process(classification_config(tmp_path, tiny_bert, sentiment_files, run_name="reference", **keys),
+                                 monkeypatch=monkeypatch)
+    interrupted = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="interrupted", **keys)
+    with pytest.raises(Interrupted):
+        train_in_process(interrupted, crash_when=lambda folder, state: state.global_step == 4, monkeypatch=monkeypatch)
+    resumed = train_in_process(interrupted, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+
+    assert resumed["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-6)
+    _, expected_losses = final_state(tmp_path / "reference")
+    _, losses = final_state(tmp_path / "interrupted")
+    assert [record["step"] for record in losses] == [record["step"] for record in expected_losses] == [3, 6, 9, 12]
+    for record, expected in zip(losses, expected_losses):
+        assert record["loss"] == pytest.approx(expected["loss"], rel=1e-6), record["step"]
+
+
+def test_cli_resume_from_the_checkpoint_where_early_stopping_fired_does_not_train_on(
+    tmp_path, tiny_bert, sentiment_files, monkeypatch,
+):
+    keys = dict(num_epochs=4, save_steps=2, eval_steps=2, metric_for_best_model="eval_accuracy", early_stopping_patience=1)
+    reference = train_in_process(classification_config(tmp_path, tiny_bert, sentiment_files, run_name="reference", **keys),
+                                 monkeypatch=monkeypatch)
+    assert reference["global_step"] < 48, "early stopping never fired: the test needs a run that stops early"
+    interrupted = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="interrupted", **keys)
+    # Killed after the checkpoint of the step at which patience ran out, e.g. during the final evaluation.
+    with pytest.raises(Interrupted):
+        train_in_process(interrupted, crash_when=lambda folder, state: state.evaluations_without_improvement >= 1,
+                         monkeypatch=monkeypatch)
+    resumed = train_in_process(interrupted, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+    for key in ("global_step", "epoch", "best_step", "train_samples", "eval_accuracy", "eval_f1_macro", "train_loss"):
+        assert resumed[key] == pytest.approx(reference[key], rel=1e-6), key
+
+
+def test_cli_resume_of_a_finished_run_whose_best_model_is_gone_is_refused_before_anything_changes(
+    tmp_path, tiny_bert, sentiment_files, monkeypatch,
+):
+    from pipelines.checkpoint import CheckpointError
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="finished", max_steps=6, save_steps=3,
+                                   eval_steps=2, metric_for_best_model="eval_accuracy", load_best_model_at_end=True)
+    metrics = train_in_process(config, monkeypatch=monkeypatch)
+    assert metrics["best_step"] < 6
+    run_dir = tmp_path / "finished"
+    before = {name: (run_dir / name).read_bytes() for name in ("model.safetensors", "metrics.json", "log.jsonl")}
+    # The finished run removed best_model/ once it had reloaded it: resuming its last checkpoint would
+    # save the last step's weights under the best step's name.
+    with pytest.raises(CheckpointError, match=r"best_model.*no longer exists"):
+        train_in_process(config, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+    assert {name: (run_dir / name).read_bytes() for name in before} == before

@@ -60,3 +60,11 @@ def test_checkpoint_resume_config_check_reads_the_checkpoint_then_its_run(tmp_pa
         check_resume_config(checkpoint, changed(seed=5))
     (checkpoint / "config.yaml").write_text(yaml.safe_dump(changed(seed=5)))
     check_resume_config(checkpoint, changed(seed=5))
+
+
+def test_checkpoint_resume_may_not_change_eval_steps_that_pick_the_best_model():
+    # Evaluations decide early stopping and which model is reloaded: their cadence is trajectory.
+    saved = changed(train={**SAVED["train"], "metric_for_best_model": "eval_accuracy"})
+    current = changed(train={**saved["train"], "eval_steps": 10})
+    assert resume_differences(saved, current) == ["train.eval_steps: 20 in the checkpoint, 10 now"]
+    assert resume_differences(SAVED, changed(train={"eval_steps": 10})) == []  # without one they only report
