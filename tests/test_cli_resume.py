@@ -167,3 +167,29 @@ def test_cli_resume_of_a_finished_run_whose_best_model_is_gone_is_refused_before
     with pytest.raises(CheckpointError, match=r"best_model.*no longer exists"):
         train_in_process(config, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
     assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+
+def test_cli_resume_of_masked_lm_pretraining_draws_the_masks_it_would_have(tmp_path, monkeypatch):
+    """Masks are drawn per batch at training time; a resume skips the batches before its checkpoint without
+    collating them, and must still mask every later batch as the uninterrupted run did."""
+    from safetensors.torch import load_file
+
+    from tests.test_cli_mlm import corpus_file, pretrain_config
+
+    corpus = corpus_file(tmp_path)
+    overrides = ["train.max_steps=8", "train.save_steps=3", "train.logging_steps=1", "train.eval_steps=null", "train.num_epochs=1"]
+    (tmp_path / "reference").mkdir()
+    reference = train_in_process(pretrain_config(tmp_path / "reference", corpus), *overrides, monkeypatch=monkeypatch)
+    (tmp_path / "interrupted").mkdir()
+    interrupted = pretrain_config(tmp_path / "interrupted", corpus)
+    with pytest.raises(Interrupted):
+        train_in_process(interrupted, *overrides, crash_when=lambda folder, state: state.global_step == 3, monkeypatch=monkeypatch)
+    resumed = train_in_process(interrupted, *overrides, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+
+    assert resumed["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-6)
+    _, expected_losses = final_state(tmp_path / "reference" / "run")
+    _, losses = final_state(tmp_path / "interrupted" / "run")
+    assert [record["loss"] for record in losses] == pytest.approx([record["loss"] for record in expected_losses], rel=1e-6)
+    expected = load_file(tmp_path / "reference" / "run" / "model.safetensors")
+    for name, tensor in load_file(tmp_path / "interrupted" / "run" / "model.safetensors").items():
+        assert (tensor - expected[name]).abs().max().item() <= 1e-6, name

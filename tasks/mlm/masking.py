@@ -4,13 +4,15 @@ In:  padded token ids, which tokens may be masked (not special, not padding), op
      for whole-word masking, the masking options and a generator.
 Out: (corrupted input ids, labels with -100 outside the targets): ``mlm_probability`` of the tokens are
      targets, of which ``mask_replace_prob`` become the mask token, ``random_replace_prob`` a random
-     token, the rest stay; special tokens never. :class:`MaskingCollator` draws fresh masks for every
-     training batch, so every epoch sees new masks; evaluation masks are drawn once per example from
+     token, the rest stay; special tokens never. :class:`MaskingCollator` draws the masks of every
+     training batch from ``(seed, the batch's token ids)``, so every epoch sees new masks and a resumed run
+     the same ones; evaluation masks are drawn once per example from
      :func:`eval_masking_rng` ``(seed, example index)``, so two evaluations of a model agree.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -112,18 +114,15 @@ class MaskingCollator:
         self.seed = seed
         self.mask_token_id = tokenizer.mask_token_id
         self.random_token_ids = random_token_ids(tokenizer)
-        self._rng: np.random.Generator | None = None
-        self._rng_key: Any = None
 
-    def _generator(self) -> np.random.Generator:
-        # In DataLoader workers the collator is a copy: seed from the worker's own torch seed, which
-        # differs per worker and per epoch, or every worker would repeat the same masks.
-        worker = torch.utils.data.get_worker_info()
-        key = ("worker", worker.seed) if worker is not None else ("main", self.seed)
-        if self._rng is None or self._rng_key != key:
-            self._rng = np.random.default_rng(worker.seed if worker is not None else self.seed)
-            self._rng_key = key
-        return self._rng
+    def _generator(self, input_ids: np.ndarray) -> np.random.Generator:
+        # The masks are a function of the run's seed and of the batch itself, not of how many batches
+        # this collator drew before: a resumed run (whose skipped batches are never collated), a
+        # DataLoader worker (a copy of this collator, in a process of its own) and an uninterrupted run
+        # all mask the same batch alike. Shuffling gives an example other batch-mates every epoch, so it
+        # still gets fresh masks each epoch.
+        digest = hashlib.blake2b(np.ascontiguousarray(input_ids).tobytes(), digest_size=8).digest()
+        return np.random.default_rng([self.seed, 0x62617463, int.from_bytes(digest, "little")])
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = pad_batch(features, self.pad_token_id)
@@ -132,7 +131,7 @@ class MaskingCollator:
         if self.options is not None:
             maskable = (batch["attention_mask"] == 1) & (special == 0)
             batch["input_ids"], batch["labels"] = mask_tokens(
-                batch["input_ids"], maskable, word_ids if self.options.whole_word_mask else None, rng=self._generator(),
+                batch["input_ids"], maskable, word_ids if self.options.whole_word_mask else None, rng=self._generator(batch["input_ids"]),
                 mlm_probability=self.options.mlm_probability, mask_replace_prob=self.options.mask_replace_prob,
                 random_replace_prob=self.options.random_replace_prob, mask_token_id=self.mask_token_id,
                 random_token_ids=self.random_token_ids,
