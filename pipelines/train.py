@@ -163,6 +163,17 @@ def train(
         state.interval_loss = accelerator.reduce(interval_loss.clone(), reduction="mean").item()
         state.interval_batches = interval_batches
 
+    def log_training_loss() -> None:
+        """The mean loss since the last logged step, logged and added to the run's ``train_loss``."""
+        nonlocal interval_batches
+        mean_loss = accelerator.reduce(interval_loss / interval_batches, reduction="mean").item()
+        state.train_loss_sum += mean_loss * interval_batches
+        state.train_loss_count += interval_batches
+        log({"loss": round(mean_loss, 6), "learning_rate": scheduler.get_last_lr()[0]})
+        progress.set_postfix(loss=f"{mean_loss:.4f}")
+        interval_loss.zero_()
+        interval_batches = 0
+
     model.train()
     while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not state.stopped_early:
         # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
@@ -194,13 +205,7 @@ def train(
             state.global_step += 1
             progress.update(1)
             if state.global_step % config.train.logging_steps == 0 or state.global_step == plan.total_updates:
-                mean_loss = accelerator.reduce(interval_loss / interval_batches, reduction="mean").item()
-                state.train_loss_sum += mean_loss * interval_batches
-                state.train_loss_count += interval_batches
-                log({"loss": round(mean_loss, 6), "learning_rate": scheduler.get_last_lr()[0]})
-                progress.set_postfix(loss=f"{mean_loss:.4f}")
-                interval_loss.zero_()
-                interval_batches = 0
+                log_training_loss()
 
             if config.train.eval_steps and state.global_step % config.train.eval_steps == 0 and state.global_step < plan.total_updates:
                 _, metrics = run_evaluation()
@@ -218,6 +223,9 @@ def train(
         else:
             state.epoch += 1
             state.batches_in_epoch = 0
+    if interval_batches:
+        # Stopped early between logging steps: the batches since the last logged loss count too.
+        log_training_loss()
     progress.close()
     update_totals()
 

@@ -136,12 +136,16 @@ def test_cli_early_stopping_best_model_and_tensorboard(tmp_path, tiny_bert, sent
     config = classification_config(
         tmp_path, tiny_bert, sentiment_files, run_name="patience", learning_rate=1e-12, eval_steps=2,
         metric_for_best_model="eval_accuracy", early_stopping_patience=1, load_best_model_at_end=True,
-        report_to=["tensorboard"],
+        report_to=["tensorboard"], logging_steps=3,
     )
     result = run_cli("train", str(config))
     assert "early stopping" in result.stdout
     metrics = json.loads((tmp_path / "patience" / "metrics.json").read_text())
     assert metrics["global_step"] == 4 and metrics["best_step"] == 2
+    # The step after the last logged loss (3) still counts: logged at the stop, and in train_loss.
+    losses = [record for record in map(json.loads, (tmp_path / "patience" / "log.jsonl").read_text().splitlines()) if "loss" in record]
+    assert [record["step"] for record in losses] == [3, 4]
+    assert metrics["train_loss"] == pytest.approx((3 * losses[0]["loss"] + losses[1]["loss"]) / 4, abs=1e-5)
     assert metrics["eval_accuracy"] == pytest.approx(metrics["best_metric"])
     assert list((tmp_path / "patience" / "tracking").rglob("events.out.tfevents*"))
     assert not (tmp_path / "patience" / "best_model").exists()
