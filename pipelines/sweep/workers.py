@@ -78,6 +78,12 @@ class _SurplusTrial(Exception):
 
 
 # ----- workers -----------------------------------------------------------------------------------------
+FAILURES_IN_A_ROW_LIMIT = 10
+"""A worker stops the sweep after this many of its trials failed in a row (every batch size out of
+memory, every learning rate diverging): failed trials are replaced, so it would otherwise run until
+--timeout, or forever."""
+
+
 def run_workers(plan: SweepPlan, get_task: TaskLookup, workers: int) -> list[str]:
     """Run the workers (here, or as spawned processes); the description of any that died."""
     if workers == 1:
@@ -132,7 +138,19 @@ def work(plan: SweepPlan, get_task: TaskLookup, index: int) -> None:
     study.pruner = make_pruner(plan.pruner, plan.trials, plan.first_report)
     plan.trials_dir.mkdir(parents=True, exist_ok=True)
     lock_path = Path(plan.output_dir) / LOCK_FILE
+    failed_in_a_row: list[int] = []
+
+    def count_failures(study, trial) -> None:
+        # Only trials that ran and failed: a surplus trial (workers racing) writes no record.
+        record = trial_dir(plan, trial.number) / TRIAL_FILE
+        if trial.state == optuna.trial.TrialState.FAIL and record.is_file():
+            failed_in_a_row.append(trial.number)
+        elif trial.state != optuna.trial.TrialState.FAIL:
+            failed_in_a_row.clear()
+
     while plan.deadline is None or time.time() < plan.deadline:
+        if len(failed_in_a_row) >= FAILURES_IN_A_ROW_LIMIT:
+            _stop_after_failures(plan, failed_in_a_row)
         # Counting and asking happen under one lock, so that workers on this machine never start
         # more trials than are missing; the objective releases it once its trial exists.
         with lock_path.open("a") as lock:
@@ -150,10 +168,24 @@ def work(plan: SweepPlan, get_task: TaskLookup, index: int) -> None:
                     return
                 study.optimize(
                     lambda trial: _objective(trial, plan, get_task, release), n_trials=1,
-                    catch=(_SurplusTrial, *_recoverable_errors()), gc_after_trial=True,
+                    catch=(_SurplusTrial, *_recoverable_errors()), gc_after_trial=True, callbacks=[count_failures],
                 )
             finally:
                 release()
+
+
+def _stop_after_failures(plan: SweepPlan, numbers: list[int]) -> None:
+    import json
+
+    last = trial_dir(plan, numbers[-1])
+    try:
+        reason = json.loads((last / TRIAL_FILE).read_text()).get("error", "unknown")
+    except (OSError, ValueError):
+        reason = "unknown"
+    raise SweepError(
+        f"{len(numbers)} trials in a row failed (trials {numbers[0]}..{numbers[-1]}; the last: {reason}, see {last / TRIAL_FILE}); "
+        "the search space or the config makes every trial fail: narrow the space, then rerun the same command to continue the study"
+    )
 
 
 def _recoverable_errors() -> tuple[type[Exception], ...]:

@@ -177,3 +177,27 @@ def test_sweep_trial_with_a_nan_objective_is_recorded_failed_as_the_study_counts
     assert study.trials[0].state.name == "FAIL"
     record = json.loads((tmp_path / "nan" / "trials" / "0000" / "trial.json").read_text())
     assert record["state"] == "FAIL" and record["error"] == "eval_accuracy is NaN"
+
+
+def test_sweep_stops_when_every_trial_fails_instead_of_replacing_them_forever(tmp_path, monkeypatch, tiny_bert, sentiment_files):
+    import math
+
+    import pipelines.train
+    from pipelines.sweep import run_sweep
+    from pipelines.sweep.workers import FAILURES_IN_A_ROW_LIMIT
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    runs = []
+
+    def diverged(config, task, *, on_start, on_evaluate):  # every learning rate of the space blows the run up
+        Path(config.output_dir).mkdir(parents=True)
+        on_start(Path(config.output_dir))
+        runs.append(config.output_dir)
+        return {"eval_accuracy": math.nan}
+
+    monkeypatch.setattr(pipelines.train, "train", diverged)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="diverging")
+    with pytest.raises(SweepError, match=rf"{FAILURES_IN_A_ROW_LIMIT} trials in a row failed .*the last: eval_accuracy is NaN"):
+        run_sweep(str(config), [], get_task, trials=2)
+    assert len(runs) == FAILURES_IN_A_ROW_LIMIT
