@@ -31,6 +31,7 @@ Running an export directory: :mod:`pipelines.onnx_model`.
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import shutil
 import tempfile
@@ -166,26 +167,33 @@ def compare_outputs(
 
     Sequence outputs (token logits, start/end logits) are compared where ``attention_mask`` is 1;
     an example agrees when every such position has the same argmax (QA: the same start and end).
+    A NaN or infinite output is a difference, never agreement: ``max_abs_diff`` becomes NaN/inf.
     """
-    max_abs, agree, total = 0.0, 0, 0
+    # np.max propagates NaN; Python's max(0.0, nan) returns 0.0 and argmax counts NaN as the largest
+    # value, so NaN outputs used to read as a perfect export.
+    diffs, agree, total = [0.0], 0, 0
     for ref_batch, cand_batch, mask in zip(reference, candidate, masks):
         agrees = np.ones(mask.shape[0], dtype=bool)
         for name in output_names:
             ref, cand = ref_batch[name], cand_batch[name]
+            finite = np.isfinite(ref) & np.isfinite(cand)
             if ref.ndim == 3:  # (batch, sequence, labels)
                 real = mask.astype(bool)
-                max_abs = max(max_abs, float(np.abs(ref - cand)[real].max(initial=0.0)))
-                agrees &= ((ref.argmax(-1) == cand.argmax(-1)) | ~real).all(axis=1)
+                diffs.append(np.abs(ref - cand)[real].max(initial=0.0))
+                agrees &= (((ref.argmax(-1) == cand.argmax(-1)) & finite.all(-1)) | ~real).all(axis=1)
             elif name in ("start_logits", "end_logits"):  # (batch, sequence): classes are positions
                 real = mask.astype(bool)
-                max_abs = max(max_abs, float(np.abs(ref - cand)[real].max(initial=0.0)))
+                diffs.append(np.abs(ref - cand)[real].max(initial=0.0))
                 low = np.finfo(np.float32).min
                 agrees &= np.where(real, ref, low).argmax(-1) == np.where(real, cand, low).argmax(-1)
+                agrees &= (finite | ~real).all(axis=1)
             else:  # (batch, labels)
-                max_abs = max(max_abs, float(np.abs(ref - cand).max(initial=0.0)))
+                diffs.append(np.abs(ref - cand).max(initial=0.0))
                 agrees &= ref.argmax(-1) == cand.argmax(-1) if ref.shape[-1] > 1 else np.ones(len(ref), dtype=bool)
+                agrees &= finite.all(-1)
         agree += int(agrees.sum())
         total += len(agrees)
+    max_abs = float(np.max(diffs))
     return {"max_abs_diff": max_abs, "features_agreeing": agree, "features_compared": total, "agreement": agree / max(total, 1)}
 
 
@@ -214,9 +222,13 @@ def export_run(
         raise ExportError(f"--quantize {quantize!r} is not supported; choose int8")
     if opset < MIN_OPSET:
         raise ExportError(f"--opset {opset}: the dynamo ONNX exporter writes opset {MIN_OPSET} or newer")
+    if parity_samples < 1:
+        raise ExportError(f"--parity-samples {parity_samples}: the parity check needs at least 1 eval example")
     _check_out_dir(run_dir, out_dir, overwrite=overwrite)
     source = model_folder(run_dir)
-    import_onnxruntime()
+    ort = import_onnxruntime()
+    _import_exporter_packages()
+    _check_opset_known(opset)
 
     tokenizer = task.build_tokenizer(None, model_path=str(source))
     model = task.build_model(None, model_path=str(source))
@@ -236,6 +248,18 @@ def export_run(
     try:
         fp32_path = staging / "model.fp32.onnx"
         export_onnx(model, sample, input_names, output_names, fp32_path, opset=opset)
+        try:
+            fp32_session = inference_session(fp32_path)
+        except Exception as error:  # onnxruntime's errors (InvalidGraph, Fail, ...) derive from Exception only
+            # The exporter writes any opset onnx knows, with ops (e.g. Attention) that this onnxruntime
+            # may not run at that opset.
+            detail = (str(error).splitlines() or [type(error).__name__])[0]
+            # onnxruntime names the refused op at the end of a long line (which also names a staging file).
+            detail = detail if len(detail) <= 160 else "..." + detail[-160:]
+            raise ExportError(
+                f"--opset {opset}: onnxruntime {ort.__version__} cannot load the exported graph ({detail}); "
+                f"choose an older opset (default {DEFAULT_OPSET})"
+            ) from error
         reference = _run_all(model, batches, input_names, output_names)
         summary: dict[str, Any] = {
             "task": config.task, "pipeline_tag": task.pipeline_tag, "source": str(source.resolve()),
@@ -246,7 +270,7 @@ def export_run(
         }
         staged = staging / "stage"
         staged.mkdir()
-        fp32_parity = _parity(fp32_path, batches, masks, input_names, output_names, reference)
+        fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference)
         summary["parity"] = {"against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count, "fp32": fp32_parity}
         final = fp32_path
         if quantize == "int8":
@@ -254,8 +278,10 @@ def export_run(
             for per_channel in (True, False):
                 path = staging / f"model.int8.{'channel' if per_channel else 'tensor'}.onnx"
                 quantize_int8(fp32_path, path, per_channel=per_channel)
-                variants[per_channel] = (path, _parity(path, batches, masks, input_names, output_names, reference))
-            per_channel = variants[True][1]["max_abs_diff"] <= variants[False][1]["max_abs_diff"]
+                variants[per_channel] = (path, _parity(inference_session(path), batches, masks, input_names, output_names, reference))
+            # NaN compares False with everything: a variant with NaN outputs must lose, not win by default.
+            diff_of = {key: np.nan_to_num(variant[1]["max_abs_diff"], nan=np.inf) for key, variant in variants.items()}
+            per_channel = bool(diff_of[True] <= diff_of[False])
             final, int8_parity = variants[per_channel]
             summary.update(precision="int8", quantization={
                 "method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8",
@@ -292,6 +318,9 @@ def _check_out_dir(run_dir: Path, out_dir: Path, *, overwrite: bool) -> None:
     out, source, cwd = out_dir.expanduser().resolve(), run_dir.expanduser().resolve(), Path.cwd().resolve()
     if out == source or out in source.parents:
         raise ExportError(f"--out {out_dir} {'is' if out == source else 'holds'} the run {run_dir} being exported; choose another --out")
+    if out.exists() and not out.is_dir():
+        # Found here, not when the finished export fails to replace it.
+        raise ExportError(f"--out {out_dir} is a file; the export is a folder. Choose a new or empty folder")
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not overwrite:
@@ -305,8 +334,24 @@ def _check_out_dir(run_dir: Path, out_dir: Path, *, overwrite: bool) -> None:
         )
 
 
-def _parity(path: Path, batches, masks, input_names, output_names, reference) -> dict[str, Any]:
-    session = inference_session(path)
+def _import_exporter_packages() -> None:
+    """torch.onnx.export(dynamo=True) builds the graph with onnxscript and onnx; onnxruntime alone is not enough."""
+    for package in ("onnx", "onnxscript"):
+        try:
+            importlib.import_module(package)
+        except ImportError:
+            raise ExportError(f"ONNX export needs {package} as well as onnxruntime: pip install 'bertpipe[edge]'") from None
+
+
+def _check_opset_known(opset: int) -> None:
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ExportError(f"--opset {opset}: the installed onnx {onnx.__version__} knows opsets up to {newest} (default {DEFAULT_OPSET})")
+
+
+def _parity(session, batches, masks, input_names, output_names, reference) -> dict[str, Any]:
     candidate = []
     for batch in batches:
         values = session.run(list(output_names), {name: batch[name].numpy().astype(np.int64) for name in input_names})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 import yaml
@@ -89,6 +90,35 @@ def test_cli_export_bad_inputs_exit_2_naming_the_problem(setup, tmp_path, capsys
     assert (occupied / "keep.txt").read_text() == "mine"
     assert not (tmp_path / "o").exists()
 
+
+
+def test_cli_export_bad_options_and_missing_exporter_packages_exit_2(setup, tmp_path, capsys, monkeypatch):
+    import onnx
+
+    run = setup["run"]
+    for samples in ("0", "-3"):
+        expect_error(capsys, "export", run, "--out", tmp_path / "o", "--parity-samples", samples, naming=[f"--parity-samples {samples}"])
+    # An --out that is a file is refused before the export runs, and kept.
+    taken = tmp_path / "taken.onnx"
+    taken.write_text("mine")
+    expect_error(capsys, "export", run, "--out", taken, naming=[f"--out {taken}", "is a file"])
+    assert taken.read_text() == "mine"
+    expect_error(capsys, "export", run, "--out", tmp_path / "o", "--opset", "99", naming=["--opset 99", str(onnx.defs.onnx_opset_version())])
+    # The newest opset onnx knows: the exporter writes it, but onnxruntime may not run every op at it
+    # (onnxruntime 1.32 refuses its Attention node at opset 26). Either it exports, or exit 2 naming --opset.
+    newest = onnx.defs.onnx_opset_version()
+    capsys.readouterr()
+    status = cli("export", run, "--out", tmp_path / "newest", "--opset", newest, "--parity-samples", "4")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert status == 0 or (status == 2 and f"bertpipe export: error: --opset {newest}" in err), (status, err)
+    assert status == 0 or not (tmp_path / "newest").exists()
+    # onnxruntime alone does not export: torch.onnx.export(dynamo=True) needs onnx and onnxscript.
+    for package in ("onnxscript", "onnx"):
+        with monkeypatch.context() as patched:
+            patched.setitem(sys.modules, package, None)  # `import package` raises ImportError
+            expect_error(capsys, "export", run, "--out", tmp_path / "o", naming=[f"needs {package}", "bertpipe[edge]"])
+    assert not (tmp_path / "o").exists()
 
 def test_cli_export_lora_run_needs_merge_then_exports_the_merged_model(setup, tmp_path, capsys):
     lora = tmp_path / "lora"

@@ -178,3 +178,31 @@ def test_export_compare_outputs_masks_padding_and_counts_label_flips():
     result = compare_outputs(reference, candidate, [mask], ("logits",))
     assert result["max_abs_diff"] == pytest.approx(0.7)
     assert result["features_agreeing"] == 1 and result["features_compared"] == 2
+
+
+def test_export_compare_outputs_counts_nan_outputs_as_differences():
+    import math
+
+    import numpy as np
+
+    nan = float("nan")
+    # Classification: a NaN row's argmax is 0, the reference's label too; a NaN is still not agreement.
+    reference = [{"logits": np.array([[1.0, 0.0], [0.0, 1.0]])}]
+    candidate = [{"logits": np.array([[nan, nan], [0.0, 1.0]])}]
+    result = compare_outputs(reference, candidate, [np.ones((2, 3))], ("logits",))
+    assert math.isnan(result["max_abs_diff"]) and result["features_agreeing"] == 1, result
+
+    # NER: a NaN at a real position (padding is still ignored); the NaN batch comes after a clean one.
+    mask = np.array([[1, 1, 0]])
+    clean = {"logits": np.array([[[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]]])}
+    broken = {"logits": np.array([[[1.0, 0.0], [nan, 0.0], [0.0, 0.0]]])}
+    result = compare_outputs([clean, clean], [clean, broken], [mask, mask], ("logits",))
+    assert math.isnan(result["max_abs_diff"]) and (result["features_agreeing"], result["features_compared"]) == (1, 2), result
+    padding_only = {"logits": np.array([[[1.0, 0.0], [1.0, 0.0], [nan, nan]]])}
+    assert compare_outputs([clean], [padding_only], [mask], ("logits",))["agreement"] == 1.0
+
+    # QA: NaN start logits whose argmax would land on the reference's start.
+    ref = {"start_logits": np.array([[5.0, 0.0, 0.0]]), "end_logits": np.array([[0.0, 5.0, 0.0]])}
+    cand = {"start_logits": np.array([[nan, 0.0, 0.0]]), "end_logits": np.array([[0.0, 5.0, 0.0]])}
+    result = compare_outputs([ref], [cand], [np.array([[1, 1, 1]])], ("start_logits", "end_logits"))
+    assert math.isnan(result["max_abs_diff"]) and result["features_agreeing"] == 0, result
