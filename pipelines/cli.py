@@ -177,7 +177,7 @@ def _add_edge_commands(commands) -> None:
     export.add_argument("--out", required=True, help="the export directory (model.onnx, tokenizer, export.json)")
     export.add_argument("--format", default="onnx", choices=["onnx"])
     export.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantisation with onnxruntime")
-    export.add_argument("--opset", type=int, default=18, help="ONNX opset (18 or newer; default 18)")
+    export.add_argument("--opset", type=int, default=18, help="ONNX opset (18 or newer, up to what the installed onnx and onnxruntime run; default 18)")
     export.add_argument("--parity-samples", type=int, default=64, help="eval examples the parity check runs on (default 64)")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 

@@ -272,6 +272,14 @@ def export_run(
         staged.mkdir()
         fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference)
         summary["parity"] = {"against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count, "fp32": fp32_parity}
+        if fp32_parity["agreement"] < 1.0 or not np.isfinite(fp32_parity["max_abs_diff"]):
+            # Same weights, same precision: a disagreement is an exporter or runtime fault, or logits so
+            # close to a tie that float rounding flips them. Either way the user must hear it now.
+            logger.warning(
+                "the fp32 export predicts other labels than torch for %d of %d features (max |Δ| %.3g); see parity in %s",
+                fp32_parity["features_compared"] - fp32_parity["features_agreeing"], fp32_parity["features_compared"],
+                fp32_parity["max_abs_diff"], Path(out_dir) / "export.json",
+            )
         final = fp32_path
         if quantize == "int8":
             variants = {}

@@ -168,6 +168,26 @@ def test_export_onnx_model_takes_any_batch_and_sequence_length(runs, tmp_path):
         torch.testing.assert_close(onnx_model(**batch).logits, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_export_fp32_disagreeing_with_torch_is_said_at_once(runs, tmp_path, monkeypatch, caplog):
+    import pipelines.export
+
+    real = pipelines.export.compare_outputs
+
+    def one_flip(*args, **kwargs):  # as a faulty exporter or runtime would give
+        result = real(*args, **kwargs)
+        return {**result, "features_agreeing": result["features_compared"] - 1, "agreement": 1 - 1 / result["features_compared"]}
+
+    monkeypatch.setattr(pipelines.export, "compare_outputs", one_flip)
+    with caplog.at_level("WARNING", logger="pipelines.export"):
+        export(runs["classification"], tmp_path / "onnx", parity_samples=4)
+    assert "the fp32 export predicts other labels than torch for 1 of 4 features" in caplog.text
+    monkeypatch.setattr(pipelines.export, "compare_outputs", real)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipelines.export"):
+        export(runs["classification"], tmp_path / "onnx2", parity_samples=4)
+    assert "other labels than torch" not in caplog.text
+
+
 def test_export_compare_outputs_masks_padding_and_counts_label_flips():
     import numpy as np
 
