@@ -117,15 +117,36 @@ def export_onnx(model: torch.nn.Module, sample: dict[str, torch.Tensor], input_n
     batch, sequence = Dim("batch"), Dim("sequence")
     wrapped = _PositionalOutputs(model.eval(), input_names, output_names)
     args = tuple(sample[name] for name in input_names)
-    with warnings.catch_warnings():
-        # torch.export's notes on shared axis names and deprecated pytree helpers are not about this model.
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            wrapped, args, dynamo=True, opset_version=opset, input_names=input_names, output_names=list(output_names),
-            # One entry for the ``*inputs`` parameter, holding one spec per input.
-            dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
-        )
+    converter_log = logging.getLogger("onnxscript.version_converter")
+    converter_level = converter_log.level
+    # The graph is built at the exporter's own opset and converted to the one asked for; a failed
+    # conversion is logged there as a warning with the converter's traceback, and said below instead.
+    converter_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            # torch.export's notes on shared axis names and deprecated pytree helpers are not about this model.
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                wrapped, args, dynamo=True, opset_version=opset, input_names=input_names, output_names=list(output_names),
+                # One entry for the ``*inputs`` parameter, holding one spec per input.
+                dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
+            )
+    finally:
+        converter_log.setLevel(converter_level)
     program.save(str(path), external_data=False)
+    written = _default_domain_opset(path)
+    if written != opset:
+        raise ExportError(
+            f"--opset {opset}: the exporter could not convert the graph to opset {opset} (it stayed at {written}); "
+            f"choose an older opset (default {DEFAULT_OPSET})"
+        )
+
+
+def _default_domain_opset(path: Path) -> int | None:
+    import onnx
+
+    imports = onnx.load(str(path), load_external_data=False).opset_import
+    return next((entry.version for entry in imports if entry.domain in ("", "ai.onnx")), None)
 
 
 def quantize_int8(source: Path, destination: Path, *, per_channel: bool) -> None:
