@@ -145,7 +145,8 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
     predictions, metrics = evaluate(
         accelerator, model, loader, task, features, examples, order=sampler.order, mixed_precision=accelerator.mixed_precision != "no"
     )
-    metrics["eval_precision"] = _precision_name(accelerator.mixed_precision)
+    # Not "eval_precision": that is a task's own metric (NER's entity precision), which it would overwrite.
+    metrics["inference_precision"] = _precision_name(accelerator.mixed_precision)
     metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
     metrics["num_processes"] = accelerator.num_processes
     if accelerator.is_main_process:

@@ -1,6 +1,7 @@
 """Real multi-process (gloo) runs on CPU through ``accelerate launch --multi_gpu``: two processes on one
 machine, and two Accelerate "machines" of one process each (``--num_machines 2 --machine_rank 0|1``)
-meeting at 127.0.0.1, which must train exactly what the one-machine run trains."""
+meeting at 127.0.0.1, which must train exactly what the one-machine run trains; and for NER, QA, translation and
+MLM, a two-process run whose final evaluation is what one process evaluates on the saved model."""
 
 from __future__ import annotations
 
@@ -134,3 +135,94 @@ def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentime
     assert "unknown key 'trian' in the command line" in stderr
     # accelerate's launcher ends with its own report and status; it names the process's exit status 2.
     assert process.returncode != 0 and "exitcode  : 2" in stderr, stderr[-4000:]
+
+
+def task_config(task: str, folder: Path) -> tuple[Path, Path | None]:
+    """A tiny run of ``task`` whose eval split stresses gathering (odd counts, eval batches of 3), and the
+    file its final predictions go to (None: the task writes none)."""
+    from tests.conftest import build_tiny_bert, write_config, write_jsonl
+
+    if task == "ner":
+        from tests.test_cli_ner import ner_sentences, toy_ner_model, write_conll
+
+        model = toy_ner_model(folder)
+        train = write_conll(folder / "train.txt", ner_sentences(160, seed=1))
+        # Every third sentence is longer than max_seq_length: its windows may land on both processes.
+        validation = write_jsonl(folder / "validation.jsonl",
+                                 [{"tokens": w, "ner_tags": t} for w, t in ner_sentences(23, seed=2, long_every=3)])
+        config = write_config(folder / "ner.yaml", f"""task: ner
+output_dir: {folder / 'run'}
+seed: 3
+model: {{name_or_path: {model}}}
+data: {{files: {{train: {train}, validation: {validation}}}, max_seq_length: 24}}
+train: {{num_epochs: 5, batch_size: 8, eval_batch_size: 3, learning_rate: 3.0e-3, logging_steps: 4}}
+ner: {{stride: 8}}
+""")
+        return config, folder / "run" / "eval_predictions.conll"
+    if task == "qa":
+        from tests.test_cli_qa import NAMES, qa_config, synthetic_squad
+
+        model = build_tiny_bert(folder / "tiny", vocab_words=NAMES * 5)
+        data = {"train": folder / "train.json", "validation": folder / "dev.json"}
+        data["train"].write_text(json.dumps(synthetic_squad(60, seed=1, unanswerable=0.3)))
+        # 13 questions, most of several windows, some unanswerable (v2: the null scores are gathered too).
+        data["validation"].write_text(json.dumps(synthetic_squad(13, seed=2, unanswerable=0.3)))
+        return qa_config(folder, model, data, v2=True, num_epochs=8, batch_size=8, eval_batch_size=3), folder / "run" / "predictions.json"
+    if task == "translation":
+        from tests.tasks.translation_data import copy_rows
+        from tests.test_cli_translation import translation_config
+
+        files = {"train": write_jsonl(folder / "train.jsonl", copy_rows(120, seed=1)),
+                 "validation": write_jsonl(folder / "validation.jsonl", copy_rows(11, seed=2))}
+        return translation_config(folder, build_tiny_bert(folder / "tiny"), files), folder / "run" / "generations.jsonl"
+    from tests.test_cli_mlm import corpus_file, pretrain_config
+
+    return pretrain_config(folder, corpus_file(folder)), None
+
+
+TASK_RUN_OVERRIDES = {
+    "ner": [], "qa": [],
+    "translation": ["train.num_epochs=8", "train.eval_batch_size=3"],
+    "mlm": ["train.num_epochs=1", "train.eval_batch_size=3", "train.eval_steps=null"],
+}
+
+
+@pytest.mark.parametrize("task", ["ner", "qa", "translation", "mlm"])
+def test_cli_two_process_final_evaluation_is_what_one_process_evaluates(tmp_path, task):
+    """The final evaluation of a two-process run (every eval feature forwarded on one of the processes, padded
+    across them, gathered without the repeated samples) scores exactly what ``bertpipe evaluate`` scores in one
+    process on the saved model, and its predictions file holds every eval example once."""
+    from tests.conftest import run_cli
+
+    config, predictions_file = task_config(task, tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
+         str(config), "train.mixed_precision=no", "train.torch_num_threads=1", *TASK_RUN_OVERRIDES[task]],
+        cwd=REPO_ROOT, env=cli_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    finish(process)
+    run = tmp_path / "run"
+    trained = json.loads((run / "metrics.json").read_text())
+    run_cli("evaluate", str(run))
+    evaluated = json.loads((run / "eval_validation.json").read_text())
+    assert trained["num_processes"] == 2 and evaluated["num_processes"] == 1
+    compared = sorted(key for key in trained if key.startswith("eval_") and key != "eval_runtime")
+    assert len(compared) >= 3, compared
+    for key in compared:
+        assert evaluated[key] == pytest.approx(trained[key], rel=1e-6), key
+
+    samples = trained["eval_samples"]
+    if task == "ner":
+        assert trained["eval_f1"] > 0  # entities are predicted, so entity precision and recall are compared
+        blocks = [block for block in predictions_file.read_text().split("\n\n") if block.strip()]
+        validation = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+        assert [[line.split()[0] for line in block.splitlines()] for block in blocks] == [row["tokens"] for row in validation]
+    elif task == "qa":
+        predictions = json.loads(predictions_file.read_text())
+        assert sorted(predictions) == sorted(f"s2-{index}" for index in range(samples)) and samples == 13
+        assert set(json.loads((run / "null_odds.json").read_text())) == set(predictions)
+    elif task == "translation":
+        rows = [json.loads(line) for line in predictions_file.read_text().splitlines()]
+        validation = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+        assert [row["source"] for row in rows] == [row["de"] for row in validation] and samples == 11

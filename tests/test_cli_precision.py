@@ -53,12 +53,12 @@ def test_cli_bf16_training_evaluation_evaluate_and_bf16_evaluate(bf16_run):
     trained = metrics_of(bf16_run)
     run_cli("evaluate", str(bf16_run))
     fp32 = metrics_of(bf16_run, "eval_validation.json")
-    assert fp32["eval_precision"] == "fp32"
+    assert fp32["inference_precision"] == "fp32"
     # Training evaluated in fp32 too: the same MSE to fp32 rounding (~1e-9 here; bf16 moves it ~1e-3).
     assert fp32["eval_mse"] == pytest.approx(trained["eval_mse"], rel=1e-6)
     run_cli("evaluate", str(bf16_run), "--precision", "bf16")
     bf16 = metrics_of(bf16_run, "eval_validation.json")
-    assert bf16["eval_precision"] == "bf16"
+    assert bf16["inference_precision"] == "bf16"
     assert bf16["eval_mse"] != pytest.approx(trained["eval_mse"], rel=1e-5)
     assert bf16["eval_mse"] == pytest.approx(trained["eval_mse"], rel=0.05)
 
