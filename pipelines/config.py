@@ -15,6 +15,7 @@ import codecs
 import copy
 import difflib
 import functools
+import re
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -66,6 +67,10 @@ class PeftConfig(Section):
     """Also write ``merged/``: the adapter folded into a full model (Auto classes, ``pipeline()``)."""
 
 
+# A number with an exponent, written as YAML 1.2 and JSON allow (``1e-12``, ``2E5``, ``3.0e-4``).
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
+
+
 class ModelConfig(Section):
     name_or_path: str | None = None
     """Hub id, mirror id or local folder (a finished bertpipe run works too)."""
@@ -82,6 +87,16 @@ class ModelConfig(Section):
     peft: PeftConfig | None = None
     """Parameter-efficient fine-tuning (null = train every parameter)."""
 
+    @field_validator("architecture", mode="before")
+    @classmethod
+    def _exponent_floats(cls, value: Any) -> Any:
+        # PyYAML reads YAML 1.1, where ``1e-12`` (no dot) is a string. Typed fields convert it, but these
+        # values go untyped to the family's config class, which refuses ``layer_norm_eps: '1e-12'``.
+        if not isinstance(value, dict):
+            return value
+        return {key: float(item) if isinstance(item, str) and _EXPONENT_FLOAT.fullmatch(item.strip()) else item
+                for key, item in value.items()}
+
 
 class DataConfig(Section):
     path: str | None = None
@@ -89,7 +104,8 @@ class DataConfig(Section):
     name: str | None = None
     """Dataset configuration name (e.g. ``mrpc`` for ``nyu-mll/glue``)."""
     files: dict[str, str | list[str]] | None = None
-    """Split name -> local file(s): csv, tsv, json, jsonl, parquet or txt."""
+    """Split name -> local file(s): csv, tsv, json, jsonl, parquet or txt. A tsv file is read with csv
+    quoting only when its quoted fields parse as such (pandas/R output); plain tsv keeps its quotes as text."""
     encoding: str = "utf-8"
     """Text encoding of ``files`` and of ``bertpipe predict`` inputs (e.g. ``latin-1`` for older Gutenberg
     or CoNLL files; for predict alone: ``bertpipe predict RUN --input F --output O data.encoding=latin-1``);
@@ -357,7 +373,8 @@ def parse_override(override: str) -> tuple[list[str], Any]:
     if not all(keys):
         raise ConfigError(f"override {override!r} has an empty key")
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else None
+        # The config file's loader, so that a value (``data.files={train: a, train: b}``) gives no key twice either.
+        value = yaml.load(raw_value, Loader=_UniqueKeyLoader) if raw_value.strip() else None
     except yaml.YAMLError as error:
         raise ConfigError(f"override {override!r}: value is not valid YAML ({error})") from error
     return keys, value
@@ -387,17 +404,29 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         try:
-            first = seen.setdefault(key, key_node.start_mark.line + 1)
+            first = seen.get(key)
         except TypeError:  # an unhashable key; the base constructor reports it
             continue
-        if first != key_node.start_mark.line + 1:
+        # By key, not by line: a flow mapping (``files: {train: a.csv, train: b.csv}``) repeats a key on one line.
+        if first is not None:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark
             )
+        seen[key] = key_node.start_mark.line + 1
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+# Booleans as YAML 1.2 reads them: only true/false. YAML 1.1 also reads yes/no/on/off, so the language
+# code ``no`` (Norwegian), a config name ``on`` or a split ``off`` arrived as booleans that a text setting
+# refused; a boolean setting still takes yes/no/on/off, which pydantic reads as booleans.
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _describe_path(path: Path) -> str:

@@ -15,6 +15,7 @@ one place ``train()`` and both benchmark paths get it from, so they run on the s
 from __future__ import annotations
 
 import codecs
+import csv
 import json
 import logging
 from contextlib import contextmanager
@@ -201,6 +202,8 @@ def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label
         options["encoding"] = "utf-8-sig" if builder == "text" and utf8 else encoding
     data_files = {split: _as_list(paths) for split, paths in files.items()}
     paths_by_label = {label + split: paths for split, paths in data_files.items()}
+    if options.get("delimiter") == "\t":
+        options["quoting"] = _tsv_quoting(paths_by_label, encoding)
     try:
         with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
             return datasets.load_dataset(builder, data_files=data_files, **options)
@@ -208,6 +211,51 @@ def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label
         raise
     except Exception as error:  # whatever the builder raised: find the file (and line) that caused it
         raise _blame_file(error, builder, options, paths_by_label, encoding) from error
+
+
+def _tsv_quoting(paths_by_label: dict[str, list[str]], encoding: str) -> int:
+    """How to read tab-separated files: with csv quoting when they were written with it, else without.
+
+    Both kinds are common. Plain TSV (GLUE, Tatoeba, most corpora) has no quoting: a sentence opening
+    with a quote (``"Hello" he said``) is text, and reading it as csv silently drops those quotes or
+    runs the field on to a later closing quote. Writers with csv quoting (pandas, R, Python's csv) wrap
+    a field holding a quote in quotes and double the inner ones, which a plain read would keep. A file
+    whose quoted fields all parse as csv quoting is read with it; any other is plain.
+    """
+    quoted, plain = [], []
+    for label, paths in paths_by_label.items():
+        for path in paths:
+            kind = _tsv_kind(Path(path), encoding)
+            if kind is not None:
+                (quoted if kind == "quoted" else plain).append(f"{label}: {path}")
+    if quoted and plain:
+        raise DataError(
+            f"the tsv files quote differently: {'; '.join(quoted)} wrap(s) fields in quotes as csv does, "
+            f"{'; '.join(plain)} hold(s) unquoted text with quotes in it; write them all one way"
+        )
+    return csv.QUOTE_NONE if plain else csv.QUOTE_MINIMAL
+
+
+def _tsv_kind(path: Path, encoding: str) -> str | None:
+    """``quoted`` (a field opens with a quote and the file parses as csv quoting), ``plain`` (it does
+    not parse so) or None (no field opens with a quote, so both reads agree; or the read will fail)."""
+    opens_with_quote = False
+
+    def lines(handle):
+        nonlocal opens_with_quote
+        for line in handle:
+            opens_with_quote = opens_with_quote or line.startswith('"') or '\t"' in line
+            yield line
+
+    try:
+        with open(path, encoding=encoding, newline="") as handle:
+            for _ in csv.reader(lines(handle), delimiter="\t", strict=True):
+                pass
+    except csv.Error:
+        return "plain"
+    except (OSError, UnicodeError):
+        return None  # the read itself names the file (and the byte)
+    return "quoted" if opens_with_quote else None
 
 
 def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: dict[str, list[str]], encoding: str) -> DataError:

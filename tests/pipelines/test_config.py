@@ -140,3 +140,31 @@ def test_config_metric_direction_is_the_setting_else_the_tasks_else_higher():
     assert TrainConfig().metric_greater_is_better("eval_accuracy", task_directions) is True
     assert TrainConfig().metric_greater_is_better(None, task_directions) is True
     assert TrainConfig(greater_is_better=True).metric_greater_is_better("eval_loss", task_directions) is True
+
+
+def test_config_key_given_twice_on_one_line_or_in_an_override_is_an_error(tmp_path):
+    # A flow mapping repeats a key on one line; PyYAML alone keeps the last value without a word.
+    path = write(tmp_path, BASE.replace("  path: some/dataset\n", "  files: {train: a.jsonl, train: b.jsonl}\n"))
+    with pytest.raises(ConfigError, match=rf"{path}: not valid YAML: duplicate key 'train' \(first given on line 4\)"):
+        load_config(path, [], options_for)
+    with pytest.raises(ConfigError, match=r"data.files=\{train: a.jsonl, train: b.jsonl\}.*duplicate key 'train'"):
+        load_config(write(tmp_path, BASE), ["data.files={train: a.jsonl, train: b.jsonl}"], options_for)
+
+
+def test_config_architecture_reads_exponent_numbers_as_floats(tmp_path):
+    # YAML 1.1 reads 1e-12 (no dot) as a string, which the family's config class refuses.
+    in_file = write(tmp_path, BASE.replace("data:", "model:\n  architecture: {layer_norm_eps: 1e-12, hidden_size: 64}\ndata:", 1))
+    assert load_config(in_file, [], options_for).model.architecture == {"layer_norm_eps": 1e-12, "hidden_size": 64}
+    config = load_config(write(tmp_path, BASE), ["model.architecture={layer_norm_eps: 1E-5, rope_theta: 1.0e4, hidden_act: gelu}"], options_for)
+    assert config.model.architecture == {"layer_norm_eps": 1e-5, "rope_theta": 1e4, "hidden_act": "gelu"}
+    assert isinstance(config.model.architecture["layer_norm_eps"], float)
+
+
+def test_config_yes_no_on_off_are_text_for_a_text_setting_and_booleans_for_a_boolean(tmp_path):
+    # YAML 1.1 reads them as booleans: the language code ``no`` (Norwegian) was refused as "got False".
+    in_file = write(tmp_path, BASE.replace("  path: some/dataset\n", "  path: some/dataset\n  name: no\n"))
+    assert load_config(in_file, [], options_for).data.name == "no"
+    config = load_config(write(tmp_path, BASE), ["hub.language=[en, no]", "data.eval_split=off", "demo.label_all_tokens=yes", "overwrite=on"], options_for)
+    assert config.hub.language == ["en", "no"] and config.data.eval_split == "off"
+    assert config.task_options.label_all_tokens is True and config.overwrite is True
+    assert load_config(write(tmp_path, BASE), ["overwrite=no", "seed=7"], options_for).overwrite is False

@@ -197,3 +197,18 @@ def test_data_prepare_data_is_the_raw_splits_tokenizer_and_both_features(tmp_pat
     with pytest.raises(DataError, match=rf"split 'dev' \(data.files.dev: {valid}\) cannot be preprocessed") as error:
         prepare_data(_SplitTask(config, refuse="a row the tokenizer rejects"), config)
     assert "a row the tokenizer rejects" in str(error.value) + str(error.value.__cause__)
+
+
+def test_data_tsv_keeps_the_quotes_of_plain_text_and_reads_csv_quoting(tmp_path):
+    # Plain TSV (GLUE and most corpora) has no quoting: read as csv, the quotes that open a sentence
+    # vanished and an unclosed one swallowed the rest of the file.
+    plain = tmp_path / "plain.tsv"
+    plain.write_text('text\tlabel\n"Hello" he said\ta\nit\'s "fine"\tb\n"Stop\ta\n')
+    assert load_raw(DataConfig(files={"train": str(plain)}))["train"]["text"] == ['"Hello" he said', 'it\'s "fine"', '"Stop']
+    assert read_inputs(plain)["text"] == ['"Hello" he said', 'it\'s "fine"', '"Stop']
+    # Files written with csv quoting (pandas, R, Python's csv) are still decoded.
+    quoted = tmp_path / "quoted.tsv"
+    quoted.write_text('"text"\t"label"\n"He said ""hi"""\t"a"\n"tab\there"\t"b"\n')
+    assert load_raw(DataConfig(files={"train": str(quoted)}))["train"]["text"] == ['He said "hi"', "tab\there"]
+    with pytest.raises(DataError, match=rf"quote differently: data.files.validation: {quoted} wrap.*data.files.train: {plain} hold"):
+        load_raw(DataConfig(files={"train": str(plain), "validation": str(quoted)}))
