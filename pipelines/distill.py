@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
 from pipelines.errors import ModelError
-from pipelines.modeling import is_peft_model
+from pipelines.modeling import is_peft_model, merge_adapter
 from pipelines.outputs import METRICS_FILE, load_saved_config
 from pipelines.task import Task
 
@@ -253,7 +253,7 @@ def load_teacher(config: RunConfig, task: Task) -> tuple[torch.nn.Module, Any]:
     tokenizer = teacher_task.build_tokenizer(None, model_path=str(teacher_dir))
     teacher = teacher_task.build_model(None, model_path=str(teacher_dir))
     if is_peft_model(teacher):
-        teacher = teacher.merge_and_unload()
+        teacher = merge_adapter(teacher)  # peft's own unload fails for IA3 heads of several layers
     return teacher, tokenizer
 
 

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 import models  # noqa: F401  registers bertpipe's own BERT/Transformer with the Auto classes
-from pipelines.config import ModelConfig, PeftConfig
+from pipelines.config import ConfigError, ModelConfig, PeftConfig
 from pipelines.errors import ModelError, failures_named
 from pipelines.hub import resolve_model
 from pipelines.onnx_model import OnnxModel, is_export_dir
@@ -135,7 +135,9 @@ def load_model(
     extra = dict(config_overrides or {})
     source = model_path or model.name_or_path
     if source is None:
-        config = AutoConfig.for_model(model.model_type, **model.architecture, **label_maps, **extra)
+        # The family's config class checks these values (layer_norm_eps: "abc", a mistyped name).
+        with failures_named(ConfigError, f"model.architecture (model.model_type={model.model_type})"):
+            config = AutoConfig.for_model(model.model_type, **model.architecture, **label_maps, **extra)
         apply_dropout(config, model.dropout)
         return auto_class.from_config(config)
 
@@ -159,7 +161,7 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
             return adapted
         # peft froze the base weights; they stay frozen through the merge, and a full fine-tune (or a
         # new adapter, which freezes what it needs) starts from a model whose weights all train.
-        merged = adapted.merge_and_unload().requires_grad_(True)
+        merged = merge_adapter(adapted).requires_grad_(True)
         wanted = label_maps.get("id2label")
         # The adapter run's head is its own (its config may still name the base's architecture).
         if wanted is not None and len(merged.config.id2label) != len(wanted):
@@ -349,10 +351,20 @@ def default_modules_to_save(model: torch.nn.Module) -> list[str]:
         if child is not base:
             visit(name, child)
     # Base weights the checkpoint did not provide (see load_model) are random: train and save them too.
+    base_modules = {id(module) for module in base.modules()}
     for key in getattr(model, "bertpipe_initialized_keys", ()):
         module_name = key.rsplit(".", 1)[0]
-        if not any(module_name == head or module_name.startswith(head + ".") for head in heads):
-            heads.append(module_name)
+        if any(module_name == head or module_name.startswith(head + ".") for head in heads):
+            continue
+        # A module holding a weight tied to the base (the vocabulary projection of an MLM head, missing
+        # from a checkpoint saved without one, e.g. a sentence-transformers encoder) cannot be copied
+        # whole: a copy unties it, and as a parent of a head already listed ("cls.predictions" over
+        # "cls.predictions.transform") peft saves an adapter it cannot load back. What such a module
+        # lacks is its output bias, which transformers zero-initialises on every load: it stays frozen.
+        module = model.get_submodule(module_name)
+        if id(module) not in base_modules and any(id(parameter) in shared for parameter in module.parameters()):
+            continue
+        heads.append(module_name)
     return heads
 
 
@@ -435,7 +447,16 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, revision: str | 
     if not (run_dir / "config.json").is_file():
         raise ModelError(f"{run_dir} holds an adapter but no config.json (the task model's config with its label maps)")
     config = AutoConfig.from_pretrained(run_dir)
-    base_location = resolve_model(adapter_base_model(run_dir))
+    recorded = adapter_base_model(run_dir)
+    if Path(recorded).is_absolute() and not Path(recorded).exists():
+        # A local base is recorded by its absolute path (base_model_id); a Hub id never is one. Left to
+        # resolve_model, a moved folder would be looked up as a Hub id in the mirror and on the Hub.
+        raise ModelError(
+            f"{run_dir / ADAPTER_CONFIG_FILE} records its base model as the local folder {recorded} "
+            "(base_model_name_or_path), which no longer exists: put the base model back there, or set "
+            "base_model_name_or_path in that file to the folder it is in now"
+        )
+    base_location = resolve_model(recorded)
     base_config = AutoConfig.from_pretrained(base_location, revision=revision)
     wanted = {"id2label": config.id2label} if hasattr(config, "id2label") else {}
     base = auto_class.from_pretrained(
@@ -510,13 +531,31 @@ def save_adapter_run(model, run_dir: str | Path, *, is_main_process: bool = True
     # peft writes its own README.md stub; the run's model card replaces it afterwards.
 
 
+def merge_adapter(model) -> PreTrainedModel:
+    """``model.merge_and_unload()``: the plain transformers model with the adapter folded in and the
+    trained copies of ``modules_to_save`` in place of the originals (in place: ``model`` is used up)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    # peft's generic unload (IA3's, unlike LoRA's) copies `.weight` from the old module onto the
+    # new one, which fails for a head kept whole that is not one layer (RoBERTa/ELECTRA/XLM-R's
+    # classifier.dense + out_proj, DeBERTa's pooler, ModernBERT's head). Put the trained copies in
+    # place first; what is left to unload are the adapter layers themselves.
+    base = model.get_base_model()
+    wrapped = [(name, module) for name, module in base.named_modules() if isinstance(module, ModulesToSaveWrapper)]
+    for name, module in wrapped:
+        parent_name, _, child_name = name.rpartition(".")
+        trained = module.unload_and_optionally_merge_module(merge=True, safe_merge=False, adapter_names=None)
+        setattr(base.get_submodule(parent_name) if parent_name else base, child_name, trained)
+    return model.merge_and_unload()
+
+
 def save_merged_model(model, tokenizer, out_dir: str | Path) -> Path:
     """Fold the adapter into the base weights and save a plain transformers model (+ tokenizer).
 
     Merges in place: ``model`` must not be trained further afterwards.
     """
     out_dir = Path(out_dir)
-    merged = model.merge_and_unload()
+    merged = merge_adapter(model)
     merged.save_pretrained(out_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)

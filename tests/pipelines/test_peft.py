@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
@@ -222,6 +223,63 @@ def test_modeling_ia3_trains_scaling_vectors_and_head(tmp_path):
     assert all("ia3_l" in name or "modules_to_save" in name for name in trainable)
 
 
+def train_two_steps(wrapped, batch) -> None:
+    optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-2)
+    wrapped.train()
+    for _ in range(2):
+        wrapped(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("family", ["roberta", "deberta-v2"])
+def test_modeling_ia3_merge_keeps_a_head_of_several_layers(family, tmp_path):
+    # RoBERTa's classifier is dense + out_proj, DeBERTa's head a pooler + classifier: modules_to_save
+    # that are not one layer, which peft's IA3 unload could not put back in place.
+    torch.manual_seed(0)
+    size = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    AutoModelForMaskedLM.from_config(AutoConfig.for_model(family, **size)).save_pretrained(tmp_path / "base")
+    model_config = ModelConfig(name_or_path=str(tmp_path / "base"), peft=PeftConfig(method="ia3"))
+    model = load_model(AutoModelForSequenceClassification, model_config, label_maps=label_maps(3))
+    wrapped = apply_peft(model, model_config.peft, "SEQ_CLS", base_model_name_or_path=base_model_id(model_config))
+    batch = batch_for("seq-cls")
+    train_two_steps(wrapped, batch)
+    expected = outputs_of(wrapped, batch)
+    save_adapter_run(wrapped, tmp_path / "run")
+
+    reloaded = load_model(AutoModelForSequenceClassification, ModelConfig(), model_path=str(tmp_path / "run"))
+    merged = AutoModelForSequenceClassification.from_pretrained(save_merged_model(reloaded, None, tmp_path / "merged"))
+    torch.testing.assert_close(outputs_of(merged, batch), expected, rtol=1e-4, atol=1e-5)
+    # Training on from the IA3 run merges it the same way.
+    continued = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tmp_path / "run")), label_maps=label_maps(3))
+    torch.testing.assert_close(outputs_of(continued, batch), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["lora", "ia3"])
+def test_modeling_mlm_adapter_on_a_checkpoint_without_an_mlm_head_reloads(method, tmp_path):
+    # A bare encoder (AutoModel, as sentence-transformers checkpoints are saved) lacks the whole MLM head,
+    # including the output bias of the vocabulary projection, which is tied to the embeddings.
+    torch.manual_seed(0)
+    AutoModel.from_config(bert_config()).save_pretrained(tmp_path / "base")
+    model_config = ModelConfig(name_or_path=str(tmp_path / "base"), peft=PeftConfig(method=method, dropout=0.0))
+    model = load_model(AutoModelForMaskedLM, model_config)
+    assert default_modules_to_save(model) == ["cls.predictions.transform"]
+    wrapped = apply_peft(model, model_config.peft, None, base_model_name_or_path=base_model_id(model_config))
+    base = wrapped.get_base_model()
+    assert base.cls.predictions.decoder.weight is base.bert.embeddings.word_embeddings.weight
+    batch = batch_for("mlm")
+    train_two_steps(wrapped, batch)
+    expected = outputs_of(wrapped, batch)
+    save_adapter_run(wrapped, tmp_path / "run")
+
+    torch.manual_seed(1)  # whatever the checkpoint lacks is initialised again on reload: it must not depend on the seed
+    reloaded = load_model(AutoModelForMaskedLM, ModelConfig(), model_path=str(tmp_path / "run"))
+    torch.testing.assert_close(outputs_of(reloaded, batch), expected)
+    merged = AutoModelForMaskedLM.from_pretrained(save_merged_model(reloaded, None, tmp_path / "merged"))
+    torch.testing.assert_close(outputs_of(merged, batch), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_modeling_adapter_records_hub_id_and_reloads_through_the_mirror(tmp_path, monkeypatch):
     mirror = tmp_path / "mirror"
     save_base(mirror / "models" / "owner" / "tiny", "token-cls")
@@ -231,6 +289,29 @@ def test_modeling_adapter_records_hub_id_and_reloads_through_the_mirror(tmp_path
     wrapped = apply_peft(model, model_config.peft, "TOKEN_CLS", base_model_name_or_path=base_model_id(model_config))
     save_adapter_run(wrapped, tmp_path / "run")
     assert json.loads((tmp_path / "run" / "adapter_config.json").read_text())["base_model_name_or_path"] == "owner/tiny"
+    reloaded = load_model(AutoModelForTokenClassification, ModelConfig(), model_path=str(tmp_path / "run"))
+    batch = batch_for("token-cls")
+    torch.testing.assert_close(outputs_of(reloaded, batch), outputs_of(wrapped, batch))
+
+
+def test_modeling_adapter_run_whose_local_base_moved_names_the_file_and_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base_dir = save_base(tmp_path / "base", "token-cls")
+    model_config = ModelConfig(name_or_path=str(base_dir), peft=PeftConfig())
+    model = load_model(AutoModelForTokenClassification, model_config, label_maps=label_maps(5))
+    wrapped = apply_peft(model, model_config.peft, "TOKEN_CLS", base_model_name_or_path=base_model_id(model_config))
+    save_adapter_run(wrapped, tmp_path / "run")
+    moved = base_dir.rename(tmp_path / "moved")
+
+    adapter_config = tmp_path / "run" / "adapter_config.json"
+    with pytest.raises(ModelError) as raised:
+        load_model(AutoModelForTokenClassification, ModelConfig(), model_path=str(tmp_path / "run"))
+    message = str(raised.value)
+    assert f"{adapter_config} records its base model as the local folder {base_dir.resolve()}" in message
+    assert "no longer exists" in message and "mirror" not in message
+    # The remedy the message gives works.
+    recorded = json.loads(adapter_config.read_text())
+    adapter_config.write_text(json.dumps(recorded | {"base_model_name_or_path": str(moved)}))
     reloaded = load_model(AutoModelForTokenClassification, ModelConfig(), model_path=str(tmp_path / "run"))
     batch = batch_for("token-cls")
     torch.testing.assert_close(outputs_of(reloaded, batch), outputs_of(wrapped, batch))
@@ -272,3 +353,14 @@ def test_config_sst2_lora_yaml_loads_with_a_lora_section():
     config = load_config(path, [], lambda name: get_task(name).Options)
     assert config.model.peft == PeftConfig(method="lora", r=8, alpha=16, dropout=0.1, merge=False)
     assert config.train.learning_rate == 1e-3 and config.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_modeling_bad_architecture_value_is_a_config_error_naming_the_key():
+    from transformers import AutoModelForMaskedLM
+
+    from pipelines.config import ConfigError, ModelConfig
+    from pipelines.modeling import load_model
+
+    bad = ModelConfig(model_type="bert", architecture={"hidden_size": 32, "num_attention_heads": 2, "layer_norm_eps": "abc"})
+    with pytest.raises(ConfigError, match=r"model.architecture \(model.model_type=bert\): .*layer_norm_eps"):
+        load_model(AutoModelForMaskedLM, bad)
