@@ -31,13 +31,14 @@ Running an export directory: :mod:`pipelines.onnx_model`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import logging
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -117,22 +118,17 @@ def export_onnx(model: torch.nn.Module, sample: dict[str, torch.Tensor], input_n
     batch, sequence = Dim("batch"), Dim("sequence")
     wrapped = _PositionalOutputs(model.eval(), input_names, output_names)
     args = tuple(sample[name] for name in input_names)
-    converter_log = logging.getLogger("onnxscript.version_converter")
-    converter_level = converter_log.level
     # The graph is built at the exporter's own opset and converted to the one asked for; a failed
-    # conversion is logged there as a warning with the converter's traceback, and said below instead.
-    converter_log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            # torch.export's notes on shared axis names and deprecated pytree helpers are not about this model.
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                wrapped, args, dynamo=True, opset_version=opset, input_names=input_names, output_names=list(output_names),
-                # One entry for the ``*inputs`` parameter, holding one spec per input.
-                dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
-            )
-    finally:
-        converter_log.setLevel(converter_level)
+    # conversion is logged as a warning with the converter's traceback, and said below instead. The
+    # exporter's registry also warns, on every export, that torchvision's ops are skipped.
+    with _quiet_loggers("onnxscript.version_converter", "torch.onnx._internal.exporter._registration"), warnings.catch_warnings():
+        # torch.export's notes on shared axis names and deprecated pytree helpers are not about this model.
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            wrapped, args, dynamo=True, opset_version=opset, input_names=input_names, output_names=list(output_names),
+            # One entry for the ``*inputs`` parameter, holding one spec per input.
+            dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
+        )
     program.save(str(path), external_data=False)
     written = _default_domain_opset(path)
     if written != opset:
@@ -140,6 +136,20 @@ def export_onnx(model: torch.nn.Module, sample: dict[str, torch.Tensor], input_n
             f"--opset {opset}: the exporter could not convert the graph to opset {opset} (it stayed at {written}); "
             f"choose an older opset (default {DEFAULT_OPSET})"
         )
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    """Only errors from these loggers while the block runs."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _default_domain_opset(path: Path) -> int | None:
