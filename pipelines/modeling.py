@@ -493,11 +493,15 @@ def _adapter_run_loader(auto_classes: tuple[type, ...]) -> type:
             if not is_adapter_only_dir(path):
                 raise OSError(f"{path} is not an adapter-only run directory")
             failures = []
+            # pipeline(..., dtype=torch.bfloat16) passes it here; a dtype it does not name stays fp32.
+            dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
             for auto_class in auto_classes:
                 try:
-                    return load_adapter_model(auto_class, path, revision=revision).eval()
+                    model = load_adapter_model(auto_class, path, revision=revision).eval()
                 except ValueError as error:  # the Auto class does not map this config type
                     failures.append(f"{auto_class.__name__}: {error}")
+                    continue
+                return model.to(dtype) if isinstance(dtype, torch.dtype) else model
             raise ValueError(f"no model class of this pipeline task loads the adapter run {path}: {'; '.join(failures)}")
 
     return AdapterRunLoader

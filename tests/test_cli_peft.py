@@ -140,6 +140,11 @@ def test_cli_lora_predict_matches_pipeline_on_the_adapter_run_and_on_the_merged_
     on_adapter = pipeline("text-classification", model=str(lora_run), top_k=None)
     assert isinstance(on_adapter.model, PeftModel)
     on_merged = pipeline("text-classification", model=str(lora_run / "merged"), top_k=None)
+    # The dtype asked of pipeline() reaches an adapter run as it reaches a full model.
+    import torch
+
+    in_bf16 = pipeline("text-classification", model=str(lora_run), top_k=None, dtype=torch.bfloat16)
+    assert {p.dtype for p in in_bf16.model.parameters()} == {torch.bfloat16}
     for row, adapter_scores, merged_scores in zip(rows, on_adapter(texts), on_merged(texts)):
         for scores in (adapter_scores, merged_scores):
             by_label = {item["label"]: item["score"] for item in scores}
