@@ -178,7 +178,7 @@ class TrainConfig(Section):
     eval_batch_size: int | None = Field(default=None, gt=0)
     """Examples per process per evaluation forward pass (default: twice ``batch_size``)."""
     gradient_accumulation_steps: int = Field(default=1, gt=0)
-    """Forward passes per optimizer update (through ``accelerator.accumulate``)."""
+    """Forward passes per optimizer update (through ``accelerator.accumulate``); the update is the one a batch of all of them makes (each loss weighted by the labelled tokens or examples it averages over)."""
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     """Gradient clipping norm (null = off)."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"

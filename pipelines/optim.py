@@ -1,8 +1,10 @@
 """Optimizer, learning-rate schedule and the step arithmetic (the one place that knows it).
 
 In:  the train config, the model, and the number of batches one process sees per epoch.
-Out: a :class:`StepPlan` (optimizer updates per epoch, in total, warmup, epochs to run) and an
-     AdamW optimizer with its scheduler, sized for Accelerate's prepared scheduler.
+Out: a :class:`StepPlan` (optimizer updates per epoch, in total, warmup, epochs to run), an
+     AdamW optimizer with its scheduler, sized for Accelerate's prepared scheduler, and
+     :class:`LossWeighting`, which makes an update over several batches (accumulation, processes)
+     the update of one batch holding them all.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from transformers import get_scheduler
 
 from pipelines.config import TrainConfig
@@ -79,3 +83,53 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig, plan: 
         num_warmup_steps=plan.warmup_updates * num_processes,
         num_training_steps=plan.total_updates * num_processes,
     )
+
+
+def loss_items(batch: dict[str, torch.Tensor]) -> torch.Tensor | int:
+    """What the model's loss averages over in ``batch``: the labelled positions of per-token labels
+    (NER, masked-LM, translation: every position but -100), else the examples."""
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and labels.dim() > 1 and not labels.is_floating_point():
+        return (labels != -100).sum()
+    return batch["input_ids"].shape[0] if "input_ids" in batch else next(iter(batch.values())).shape[0]
+
+
+class LossWeighting:
+    """Weights each batch's mean loss by the items it averages over, so that an update is the mean
+    over every item of its window: across ``train.gradient_accumulation_steps`` batches and all processes.
+
+    Without it an update is the mean of per-batch means: a batch of 3 labelled tokens counts as much as
+    one of 300, so accumulating 4 batches of 8 sentences (or 2 processes of 16) does not train the model
+    that one batch of 32 does; nor does an epoch's last, shorter window, which Accelerate still divides
+    by the full accumulation count. Each batch's loss is multiplied by its item count before backward
+    (a sum over its items) and the window's summed gradient is divided by the window's items over all
+    processes before clipping. Inactive for one process without accumulation (the mean is then exact)
+    and under DeepSpeed, whose engine steps inside ``backward``.
+    """
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.active = (accelerator.gradient_accumulation_steps > 1 or accelerator.num_processes > 1) \
+            and accelerator.distributed_type != DistributedType.DEEPSPEED
+        self.window_items = torch.zeros((), device=accelerator.device)
+
+    def weigh(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss to back-propagate for ``batch``."""
+        if not self.active:
+            return loss
+        items = loss_items(batch)
+        self.window_items += items
+        return loss * items
+
+    def finish_window(self, parameters) -> None:
+        """Divides the window's gradients by its items over all processes; call once, after the window's last backward."""
+        if not self.active:
+            return
+        total = self.accelerator.reduce(self.window_items.clone(), reduction="sum")
+        # backward divided each loss by the accumulation count and the process group averages
+        # gradients over processes; both are undone here so that only the item count divides.
+        scale = self.accelerator.gradient_accumulation_steps * self.accelerator.num_processes / total.clamp(min=1)
+        gradients = [parameter.grad for parameter in parameters if parameter.grad is not None]
+        if gradients:
+            torch._foreach_mul_(gradients, scale.to(gradients[0].dtype))
+        self.window_items.zero_()

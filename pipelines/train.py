@@ -41,7 +41,7 @@ from pipelines.modeling import (
     MERGED_DIR, apply_peft, base_model_id, check_sequence_lengths, count_parameters, is_peft_model, save_adapter_run,
     save_merged_model,
 )
-from pipelines.optim import build_optimizer, build_scheduler, plan_steps
+from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.runtime import build_accelerator, check_compile_backend, wrap_model_layers_for_fsdp
 from pipelines.task import Task
@@ -146,6 +146,7 @@ def train(
     tokens_seen = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     interval_loss = torch.full((), float(state.interval_loss), device=accelerator.device)
     interval_batches = state.interval_batches
+    loss_weighting = LossWeighting(accelerator)
     if config.train.eval_on_start and state.global_step == 0:
         log(run_evaluation()[1])
     train_started = time.perf_counter()
@@ -187,9 +188,11 @@ def train(
         for batch in batches:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and config.train.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm)
+                accelerator.backward(loss_weighting.weigh(loss, batch))
+                if accelerator.sync_gradients:
+                    loss_weighting.finish_window(model.parameters())
+                    if config.train.max_grad_norm:
+                        accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)

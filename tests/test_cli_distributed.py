@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO_ROOT, classification_config, cli_env
 
@@ -226,3 +227,34 @@ def test_cli_two_process_final_evaluation_is_what_one_process_evaluates(tmp_path
         rows = [json.loads(line) for line in predictions_file.read_text().splitlines()]
         validation = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
         assert [row["source"] for row in rows] == [row["de"] for row in validation] and samples == 11
+
+
+def test_cli_two_processes_train_what_one_process_trains_on_their_joint_batches(tmp_path):
+    """NER (the loss is a mean over labelled tokens) on 2 processes x 8 sentences per batch trains the weights
+    one process trains on batches of those 16: each process's mean loss is weighted by its labelled tokens
+    over the whole update's. Averaging the two processes' means instead weighs the tokens of the batch with
+    fewer labelled tokens more. (240 = 15 x 16: with a shorter last batch, Accelerate fills the second
+    process's batch with examples from the epoch's start, which one process never trains on.)"""
+    from safetensors.torch import load_file
+
+    from tests.conftest import run_cli
+    from tests.test_cli_ner import toy_ner_config, toy_ner_model
+
+    config = toy_ner_config(tmp_path, toy_ner_model(tmp_path))
+    # max_seq_length 64: no sentence is windowed, so the 240 sentences are the 240 features.
+    exact = ["model.dropout=0", "train.group_by_length=false", "train.num_epochs=1", "train.mixed_precision=no",
+             "train.torch_num_threads=1", "data.max_seq_length=64", "train.eval_steps=null"]
+    run_cli("train", str(config), f"output_dir={tmp_path / 'one'}", "train.batch_size=16", *exact)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
+         str(config), f"output_dir={tmp_path / 'two'}", "train.batch_size=8", *exact],
+        cwd=REPO_ROOT, env=cli_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    finish(process)
+    one, two = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
+    assert (one["num_processes"], two["num_processes"]) == (1, 2)
+    assert one["global_step"] == two["global_step"] == 15 and one["train_samples"] == two["train_samples"] == 240
+    weights_one, weights_two = (load_file(tmp_path / name / "model.safetensors") for name in ("one", "two"))
+    for key, tensor in weights_one.items():
+        torch.testing.assert_close(weights_two[key], tensor, atol=1e-4, rtol=0, msg=key)

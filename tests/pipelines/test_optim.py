@@ -52,3 +52,13 @@ def test_optim_no_weight_decay_on_bias_and_norm():
     decayed, undecayed = optimizer.param_groups
     assert decayed["weight_decay"] == 0.1 and len(decayed["params"]) == 1
     assert undecayed["weight_decay"] == 0.0 and len(undecayed["params"]) == 3
+
+
+def test_optim_loss_items_are_labelled_positions_of_per_token_labels_else_examples():
+    from pipelines.optim import loss_items
+
+    per_token = torch.tensor([[-100, 3, 4, -100], [-100, 1, -100, -100]])
+    assert int(loss_items({"input_ids": torch.zeros(2, 4), "labels": per_token})) == 3  # NER, masked-LM, translation
+    assert loss_items({"input_ids": torch.zeros(5, 4), "labels": torch.tensor([0, 1, 1, 0, 2])}) == 5  # classes
+    assert loss_items({"input_ids": torch.zeros(2, 4), "labels": torch.rand(2, 3)}) == 2  # multi-label targets
+    assert loss_items({"input_ids": torch.zeros(3, 4), "start_positions": torch.zeros(3), "end_positions": torch.zeros(3)}) == 3  # QA
