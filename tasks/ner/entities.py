@@ -22,9 +22,14 @@ import regex  # transformers' own dependency; unlike re, its \w knows combining 
 # marks) separate words like spaces: as words of their own they were tagged (an entity "\ufeff" on
 # byte-level BPE) or, mapped to no piece, tagged O inside an entity, splitting it. So is a joiner that
 # does not follow a word character (between emoji).
-_WORD_CHAR = r"[\w\p{N}]"
+# CJK ideographs are words of one character each (with any marks or variation selectors after them),
+# as BERT's tokenizer splits them and as Chinese NER data (MSRA, People's Daily, Weibo) is tokenised:
+# as one run of word characters, "张三在北京工作" was a single word tagged by its first character, so
+# "北京" could never be an entity of its own.
+_IDEOGRAPH = r"[\p{Unified_Ideograph}\uf900-\ufaff\U0002f800-\U0002fa1f]"
+_WORD_CHAR = rf"(?:(?!{_IDEOGRAPH})[\w\p{{N}}])"
 _WORD = regex.compile(
-    rf"(?!\p{{Join_Control}}){_WORD_CHAR}+(?:[-'’.&/\u00ad]{_WORD_CHAR}+)*|[^\w\p{{N}}\s\p{{Cc}}\p{{Cf}}]"
+    rf"(?!\p{{Join_Control}}){_WORD_CHAR}+(?:[-'’.&/\u00ad]{_WORD_CHAR}+)*|{_IDEOGRAPH}\p{{M}}*|[^\w\p{{N}}\s\p{{Cc}}\p{{Cf}}]"
 )
 
 

@@ -10,10 +10,14 @@ Out: per example the best answer text with its character span, its probability, 
 
 from __future__ import annotations
 
+import bisect
 import collections
 from typing import Any, Sequence
 
 import numpy as np
+import regex  # transformers' own dependency; unlike re, it knows grapheme clusters (\X)
+
+_GRAPHEME = regex.compile(r"\X")
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -35,6 +39,25 @@ def trim_span(context: str, start: int, end: int) -> tuple[int, int] | None:
     return (start, end) if start < end else None
 
 
+def grapheme_boundaries(context: str) -> list[int] | None:
+    """Every grapheme cluster boundary of ``context`` in order (None for ASCII text, where each char is one)."""
+    if context.isascii():
+        return None
+    return [0] + [match.end() for match in _GRAPHEME.finditer(context)]
+
+
+def whole_graphemes(start: int, end: int, boundaries: list[int] | None) -> tuple[int, int]:
+    """``[start, end)`` widened to whole grapheme clusters (``boundaries`` from :func:`grapheme_boundaries`).
+
+    Normalizers that strip accents (uncased WordPiece, ALBERT, DeBERTa) drop combining marks from
+    every piece's offsets, so a span ending in "José" (NFD) or a Devanagari vowel sign stopped
+    before the mark: the answer read "Jose", "नमस्त", and failed exact match against its own text.
+    """
+    if boundaries is None:
+        return start, end
+    return boundaries[bisect.bisect_right(boundaries, start) - 1], boundaries[bisect.bisect_left(boundaries, end)]
+
+
 def postprocess_qa_predictions(
     contexts: Sequence[str],
     feature_example_index: Sequence[int],
@@ -54,7 +77,8 @@ def postprocess_qa_predictions(
     pairs of its ``n_best_size`` best start and end tokens that are both context tokens
     (``offsets[f][i]`` not ``None``), in order, and at most ``max_answer_length`` tokens long; a
     span's score is ``start_logit + end_logit``. A span is its characters without surrounding
-    whitespace (:func:`trim_span`), so ``context[start:end] == text`` holds for every tokenizer. The same character span proposed by two
+    whitespace (:func:`trim_span`) and made of whole grapheme clusters (:func:`whole_graphemes`), so
+    ``context[start:end] == text`` holds for every tokenizer. The same character span proposed by two
     overlapping windows counts once, with its best score. Logit arrays may be longer than the
     window (padding); positions past ``len(offsets[f])`` are ignored.
 
@@ -75,6 +99,7 @@ def postprocess_qa_predictions(
 
     results = []
     for example, context in enumerate(contexts):
+        boundaries = grapheme_boundaries(context)
         spans: dict[tuple[int, int], dict[str, Any]] = {}
         null: dict[str, Any] | None = None
         for feature in windows_of.get(example, []):
@@ -97,6 +122,7 @@ def postprocess_qa_predictions(
                     char_span = trim_span(context, int(window_offsets[s][0]), int(window_offsets[e][1]))
                     if char_span is None:
                         continue
+                    char_span = whole_graphemes(*char_span, boundaries)
                     score = float(starts[s] + ends[e])
                     if char_span not in spans or score > spans[char_span]["score"]:
                         spans[char_span] = {

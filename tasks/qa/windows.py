@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import regex  # transformers' own dependency; unlike re, it knows grapheme clusters (\X)
+
 from pipelines.data import DataError
+from tasks.qa.decoding import trim_span
+
+_GRAPHEME = regex.compile(r"\X")
 
 
 def question_first(tokenizer) -> bool:
@@ -84,6 +89,27 @@ def answer_token_span(offsets: Sequence, start_char: int, end_char: int, cls_ind
     return start, end
 
 
+def answer_char_span(context: str, start_char: int, text: str) -> tuple[int, int]:
+    """The characters of the answer ``text`` at ``start_char`` that a window's tokens must cover to hold it.
+
+    Whitespace around the answer text and the combining marks that end its last grapheme (the accent
+    of "José" in NFD, a Devanagari vowel sign) lie in no piece's offsets when the normalizer strips
+    them (or at all, for whitespace): counted, an answer at the end of the context, or ending at a
+    window's last token, was held by no window and trained as "no answer". Decoding widens a span to
+    whole graphemes (:func:`tasks.qa.decoding.whole_graphemes`), so the first character of the last
+    grapheme is enough.
+    """
+    end_char = start_char + len(text)
+    span = trim_span(context, start_char, end_char)
+    if span is None:
+        return start_char, end_char
+    start, end = span
+    last_grapheme = None
+    for last_grapheme in _GRAPHEME.finditer(context, start, end):
+        pass
+    return start, last_grapheme.start() + 1
+
+
 def _cls_index(input_ids: list[int], cls_token_id: int | None) -> int:
     return input_ids.index(cls_token_id) if cls_token_id is not None and cls_token_id in input_ids else 0
 
@@ -106,8 +132,8 @@ def prepare_features(batch: dict[str, list], indices: list[int], *, tokenizer, m
         if train:
             answers = batch["answers"][sample]
             if answers["text"]:
-                start_char = answers["answer_start"][0]
-                start, end = answer_token_span(offsets, start_char, start_char + len(answers["text"][0]), cls_index)
+                start_char, end_char = answer_char_span(batch["context"][sample], answers["answer_start"][0], answers["text"][0])
+                start, end = answer_token_span(offsets, start_char, end_char, cls_index)
             else:
                 start = end = cls_index
             starts.append(start)

@@ -365,6 +365,23 @@ def test_ner_split_words_treats_invisible_characters_between_words_as_spaces():
     assert [(e["word"], e["start"], e["end"]) for e in entities] == [("Marguerite\u200bKowalski", 1, 20), ("Rome", 27, 31)]
 
 
+def test_ner_split_words_makes_each_cjk_ideograph_a_word(tokenizer):
+    # Chinese NER data is tagged character by character and BERT cuts every ideograph into a piece of
+    # its own; as one run of word characters, "张三在北京工作" was one word, tagged by its first piece.
+    text = "张三在北京工作。iPhone手机 in 東京に住む"
+    words = split_words(text)
+    assert [w for w, _ in words] == ["张", "三", "在", "北", "京", "工", "作", "。", "iPhone", "手", "机", "in", "東", "京", "に", "住", "む"]
+    assert all(text[start:end] == word for word, (start, end) in words)
+    tags = ["B-PER", "I-PER", "O", "B-LOC", "I-LOC", "O", "O", "O", "O", "O", "O", "O", "B-LOC", "I-LOC", "O", "O", "O"]
+    entities = word_entities(tags, [0.5] * len(tags), [span for _, span in words], text)
+    assert [(e["entity_group"], e["word"]) for e in entities] == [("PER", "张三"), ("LOC", "北京"), ("LOC", "東京")]
+    # Every piece of the Chinese sentence is a first piece, so each character gets its own prediction.
+    chinese = [w for w, _ in split_words("张三在北京工作")]
+    windows = tokenize_and_align({"tokens": [chinese]}, [0], tokenizer=tokenizer, max_length=64, stride=8,
+                                 label2id=None, label_all_tokens=False, b_to_i=[])
+    assert [w for w in windows["word_index"][0] if w >= 0] == list(range(7))
+
+
 def test_ner_word_entities_give_character_spans_and_word_spans():
     text = "Peter  Blackburn visited New York"
     offsets = [span for _, span in split_words(text)]

@@ -277,6 +277,47 @@ def test_qa_postprocess_spans_exclude_the_space_a_piece_offset_includes():
     assert len({(c["start"], c["end"]) for c in result["nbest"]}) == len(result["nbest"])
 
 
+def test_qa_postprocess_spans_are_whole_graphemes():
+    # Uncased WordPiece (strip_accents), ALBERT and DeBERTa leave combining marks out of every piece's
+    # offsets: "Jose" of "Jose\u0301" (NFD) and "नमस्त" of "नमस्ते" (a vowel sign) once ended the answer.
+    context = "met Jose\u0301 in नमस्ते today"
+    offsets = [None, [0, 3], [4, 8], [10, 12], [13, 18], [20, 25], None]
+    for token, answer in ((2, "Jose\u0301"), (4, "नमस्ते")):
+        (result,) = postprocess_qa_predictions(
+            [context], [0], [offsets], [logits(7, **{f"p{token}": 9.0})], [logits(7, **{f"p{token}": 9.0})], [0], n_best_size=3,
+        )
+        assert result["prediction_text"] == answer == context[result["start"] : result["end"]]
+    # A byte-level piece of the mark alone does not start an answer mid-character either.
+    (result,) = postprocess_qa_predictions(
+        [context], [0], [[None, [4, 7], [7, 8], [8, 9], None]], [logits(5, p3=9.0)], [logits(5, p3=9.0)], [0], n_best_size=1,
+    )
+    assert result["prediction_text"] == "e\u0301"
+
+
+@pytest.mark.parametrize("answer", ["Jose\u0301", "नमस्ते", "plot "])
+def test_qa_answer_at_the_context_end_is_labelled_and_decoded_whole(tokenizer, answer):
+    # The uncased tiny BERT strips the final mark (and no piece covers a trailing space): the answer's
+    # last characters lay past the window's last piece, so the only window holding it trained as "no answer".
+    context = "the film was a story with " + answer
+    start = context.index(answer)
+    batch = {"question": ["who is it ?"], "context": [context], "answers": [{"text": [answer], "answer_start": [start]}]}
+    window = {"max_length": 64, "doc_stride": 8}
+    train = prepare_features(batch, [0], tokenizer=tokenizer, train=True, **window)
+    evaluation = prepare_features(batch, [0], tokenizer=tokenizer, train=False, **window)
+    (s,), (e,), (cls,) = train["start_positions"], train["end_positions"], evaluation["cls_index"]
+    assert (s, e) != (cls, cls)
+    width = len(evaluation["input_ids"][0])
+    (result,) = postprocess_qa_predictions(
+        [context], [0], evaluation["offset_mapping"], [logits(width, **{f"p{s}": 9.0})], [logits(width, **{f"p{e}": 9.0})],
+        evaluation["cls_index"],
+    )
+    assert result["prediction_text"] == answer.strip()
+    squad = load_metric("squad").compute(
+        predictions=[{"id": "0", "prediction_text": result["prediction_text"]}], references=[{"id": "0", "answers": batch["answers"][0]}],
+    )
+    assert squad["exact_match"] == 100.0
+
+
 def test_qa_postprocess_respects_max_answer_length_and_order():
     (result,) = postprocess_qa_predictions(
         [CONTEXT], [0], [WINDOW_1], [logits(7, p3=5.0, p5=1.0)], [logits(7, p3=-1.0, p5=5.0)], [0],
