@@ -13,13 +13,16 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 from accelerate import Accelerator
+from accelerate.utils import load as accelerate_load
+from accelerate.utils.constants import RNG_STATE_NAME
 
-from pipelines.errors import UserError
+from pipelines.errors import UserError, describe
 
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -131,10 +134,18 @@ def save_checkpoint(
             if config is not None:
                 (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
             _write_json_atomically(partial / STATE_FILE, asdict(state))
-    except BaseException:  # a full disk, and Ctrl-C too: neither leaves half a checkpoint behind
+    except BaseException as error:  # a full disk, and Ctrl-C too: neither leaves half a checkpoint behind
+        free = _free_space(root)
         if accelerator.is_main_process:
             shutil.rmtree(partial, ignore_errors=True)
-        raise
+        if isinstance(error, UserError) or not isinstance(error, Exception):
+            raise
+        # A full disk reaches torch.save as a RuntimeError ("unexpected pos") and safetensors as a
+        # SafetensorError, not as an OSError the CLI would report: name the checkpoint and the way on.
+        raise CheckpointError(
+            f"checkpoint {partial} could not be written ({describe(error)}; {free} free on its disk) and was "
+            f"discarded. {_after_a_failed_save(output_dir)}"
+        ) from error
     if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
@@ -206,10 +217,55 @@ def load_checkpoint(accelerator: Accelerator, folder: Path) -> TrainerState:
     """Restore model, optimizer, scheduler, RNG and sampler state; returns the loop's counters."""
     try:
         state = TrainerState.read(folder)
+    except Exception as error:
+        raise CheckpointError(f"checkpoint {folder} cannot be loaded: {folder / STATE_FILE}: {describe(error)}") from error
+    _check_random_states(folder, accelerator.process_index)
+    try:
         accelerator.load_state(str(folder))
     except Exception as error:  # a truncated tensor file, a bad pickle, a wrong model shape...
-        raise CheckpointError(f"checkpoint {folder} cannot be loaded: {type(error).__name__}: {error}") from error
+        damaged = [str(path) for path in sorted(folder.glob("*.bin")) if not zipfile.is_zipfile(path)]
+        named = f" ({', '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} truncated or not a torch file)" if damaged else ""
+        raise CheckpointError(f"checkpoint {folder} cannot be loaded{named}: {type(error).__name__}: {error}") from error
     return state
+
+
+def _check_random_states(folder: Path, process_index: int) -> None:
+    """Refuse a checkpoint whose random states this process cannot restore.
+
+    Accelerate's ``load_state`` skips random states it cannot read with an info-level log line; the
+    resumed run would then draw other dropout masks than the interrupted one and end elsewhere, silently.
+    """
+    path = folder / f"{RNG_STATE_NAME}_{process_index}.pkl"
+
+    def refuse(problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint {folder} cannot be resumed exactly: {path} {problem}. Without it the run would continue with "
+            "other random numbers (dropout, masking) than the interrupted one. Resume from another checkpoint, or start "
+            "again with overwrite=true."
+        )
+
+    if not path.is_file():
+        raise refuse("is missing (a checkpoint written by fewer processes, or a file lost since)")
+    try:
+        states = accelerate_load(path)
+    except Exception as error:
+        raise refuse(f"cannot be read ({describe(error).rstrip('.')})") from error
+    if not isinstance(states, dict) or not {"random_state", "numpy_random_seed", "torch_manual_seed"} <= states.keys():
+        raise refuse("holds no random states")
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 1e6:.1f} MB"
+    except OSError:
+        return "unknown space"
+
+
+def _after_a_failed_save(output_dir: str | Path) -> str:
+    found = complete_checkpoints(output_dir)
+    if found:
+        return f"Free space, then continue with train.resume_from_checkpoint=latest ({found[-1]} is complete)."
+    return "Free space, then start again with overwrite=true (no checkpoint of this run is complete)."
 
 
 def _write_json_atomically(path: Path, payload: dict) -> None:

@@ -12,6 +12,7 @@ holding the run's inputs, or an unfinished run without one of those two settings
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -129,15 +130,29 @@ def replace_run_dir(run_dir: str | Path) -> None:
     run_dir.mkdir(parents=True)
 
 
-def write_json(path: Path, payload: Any) -> None:
+def write_text_atomically(path: Path, text: str) -> None:
+    """``path`` is either left as it was or holds all of ``text``: a full disk or an interruption
+    mid-write never leaves it truncated (a resume rewrites ``config.yaml``, the file that marks
+    the folder as a bertpipe run)."""
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        # A failed write() carries no file name: the message would not say which file.
+        if isinstance(error, OSError) and not error.filename:
+            error.filename = str(path)
+        raise
+
+
+def write_json(path: Path, payload: Any) -> None:
+    write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
 
 
 def save_config(config: RunConfig, run_dir: str | Path) -> None:
-    path = Path(run_dir) / CONFIG_FILE
-    path.write_text(yaml.safe_dump(config.to_yaml_dict(), sort_keys=False))
+    write_text_atomically(Path(run_dir) / CONFIG_FILE, yaml.safe_dump(config.to_yaml_dict(), sort_keys=False))
 
 
 def load_saved_config(run_dir: str | Path) -> dict[str, Any]:

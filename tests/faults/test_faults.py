@@ -290,6 +290,24 @@ def test_faults_ctrl_c_while_checkpointing_is_one_line_and_the_run_resumes(capsy
         assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5, abs=1e-6), key
 
 
+
+def test_faults_disk_full_while_a_resume_rewrites_the_config_keeps_the_run(refused, finished_run, run_copy, monkeypatch):
+    # A resume rewrites config.yaml, the file that marks the folder as a bertpipe run: written in
+    # place, a full disk left it empty, and the run could neither be resumed nor replaced.
+    (run_copy / "metrics.json").unlink()
+    write_text = Path.write_text
+
+    def disk_full_at_the_config(self, *args, **kwargs):
+        if self.parent != run_copy or not self.name.startswith("config.yaml"):
+            return write_text(self, *args, **kwargs)
+        self.open("w").close()  # open() truncates; the write() after it is what the full disk refuses
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", disk_full_at_the_config)
+    refused("train", finished_run[0], f"output_dir={run_copy}", "train.resume_from_checkpoint=latest",
+            needles=["No space left on device", str(run_copy / "config.yaml")])
+
+
 # ----- predict and evaluate -------------------------------------------------------------------------
 def test_faults_predict_output_is_the_input(refused, run_copy, tmp_path):
     inputs = tmp_path / "inputs.jsonl"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from pipelines.checkpoint import CheckpointError, check_resume_config, resume_differences
@@ -68,3 +71,74 @@ def test_checkpoint_resume_may_not_change_eval_steps_that_pick_the_best_model():
     current = changed(train={**saved["train"], "eval_steps": 10})
     assert resume_differences(saved, current) == ["train.eval_steps: 20 in the checkpoint, 10 now"]
     assert resume_differences(SAVED, changed(train={"eval_steps": 10})) == []  # without one they only report
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """An accelerator with a tiny prepared model, optimizer and schedule, and a checkpoint of it at step 2."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from pipelines.checkpoint import TrainerState, save_checkpoint
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    folder = save_checkpoint(accelerator, tmp_path / "run", TrainerState(global_step=2), save_total_limit=None)
+    yield accelerator, folder
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_checkpoint_resume_refuses_lost_random_states(prepared, damage):
+    # Accelerate's load_state skips random states it cannot read with an info-level log line: the
+    # resumed run would draw other dropout masks and end elsewhere than the uninterrupted one, silently.
+    from pipelines.checkpoint import load_checkpoint
+
+    accelerator, folder = prepared
+    random_states = folder / "random_states_0.pkl"
+    if damage == "missing":
+        random_states.unlink()
+    else:
+        random_states.write_bytes(random_states.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=re.escape(str(random_states))):
+        load_checkpoint(accelerator, folder)
+
+
+def test_checkpoint_a_full_disk_is_one_error_naming_the_checkpoint(prepared, monkeypatch):
+    # A full disk reaches torch.save as a RuntimeError (and safetensors as a SafetensorError), never as
+    # an OSError, so the CLI showed a traceback and exit status 1.
+    import torch
+
+    from pipelines.checkpoint import TrainerState, complete_checkpoints, save_checkpoint
+
+    def disk_full(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"PK half")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")  # as on a full tmpfs
+
+    accelerator, folder = prepared
+    monkeypatch.setattr(torch, "save", disk_full)
+    run_dir = folder.parent.parent
+    with pytest.raises(CheckpointError) as raised:
+        save_checkpoint(accelerator, run_dir, TrainerState(global_step=4), save_total_limit=None)
+    message = str(raised.value)
+    assert str(run_dir / "checkpoints" / "step-00000004.partial") in message and "unexpected pos 576" in message
+    assert f"train.resume_from_checkpoint=latest ({folder} is complete)" in message
+    assert complete_checkpoints(run_dir) == [folder] and not (run_dir / "checkpoints" / "step-00000004.partial").exists()
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin", "trainer_state.json"])
+def test_checkpoint_resume_names_the_truncated_file(prepared, name):
+    from pipelines.checkpoint import load_checkpoint
+
+    accelerator, folder = prepared
+    damaged = folder / name
+    damaged.write_bytes(damaged.read_bytes()[:20])
+    with pytest.raises(CheckpointError, match=re.escape(str(damaged))):
+        load_checkpoint(accelerator, folder)
