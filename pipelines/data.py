@@ -190,10 +190,16 @@ def _reader_accepts_bad_bytes(builder: str, encoding: str) -> bool:
     return builder == "json" and codecs.lookup(encoding).name == "utf-8"
 
 
-def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label: str) -> DatasetDict:
+def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label: str, text_columns: Iterable[str | None] = ()) -> DatasetDict:
     """``datasets``' builder for the files' format, decoding text in ``encoding``; a bad byte names
-    ``label + split``, the file, line and byte."""
+    ``label + split``, the file, line and byte. csv/tsv ``text_columns`` are read as written."""
     builder, options = builder_for_files(files)
+    if builder == "csv":
+        # pandas reads a cell "None", "NA", "null" or "nan" as missing and a column of numbers as
+        # numbers: the intent label "None" (common in intent data) became an empty cell, the text "NA"
+        # a missing one, and the text "007" the number 7 (and a text column typed per 10,000-row chunk:
+        # numbers in one, strings in the next). Only an empty cell is missing; text stays text.
+        options.update(keep_default_na=False, na_values=[""], converters={column: str for column in text_columns if column})
     if builder != "parquet":
         # utf-8-sig reads utf-8 alike and drops a leading byte-order mark (Windows editors write one): the
         # text reader kept it in a file's first example ("\ufeffgood film"), another input for byte-level
@@ -319,11 +325,12 @@ def _file_shape_problem(path: Path, builder: str, encoding: str, *, where: str) 
     return None
 
 
-def load_raw(data: DataConfig) -> DatasetDict:
-    """Load the configured data as a DatasetDict of raw examples (no sampling yet)."""
+def load_raw(data: DataConfig, *, text_columns: Iterable[str | None] = ()) -> DatasetDict:
+    """Load the configured data as a DatasetDict of raw examples (no sampling yet); a local csv/tsv
+    file's ``text_columns`` are read as the strings written (``"007"`` stays ``"007"``)."""
     if data.files:
         check_files_exist(data.files)
-        return _load_local_files(data.files, data.encoding, label="data.files.")
+        return _load_local_files(data.files, data.encoding, label="data.files.", text_columns=text_columns)
     source = resolve_dataset(data.path)
     where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
     with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
@@ -426,16 +433,16 @@ def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str)
         )
 
 
-def read_inputs(path: str | Path, *, encoding: str = "utf-8") -> Dataset:
+def read_inputs(path: str | Path, *, encoding: str = "utf-8", text_columns: Iterable[str | None] = ()) -> Dataset:
     """Inputs for ``bertpipe predict``: jsonl/json, csv/tsv, parquet, or txt (one ``text`` per line).
 
     Text formats are decoded with ``encoding`` (the run's ``data.encoding``, which a ``predict``
-    override such as ``data.encoding=latin-1`` changes).
+    override such as ``data.encoding=latin-1`` changes); csv/tsv ``text_columns`` are read as written.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"input file {path} {_not_a_file(path)}")
-    loaded = _load_local_files({"input": str(path)}, encoding, label="")["input"]
+    loaded = _load_local_files({"input": str(path)}, encoding, label="", text_columns=text_columns)["input"]
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")
     return loaded

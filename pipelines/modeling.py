@@ -156,7 +156,7 @@ def load_model(
 def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str, *, model_path, label_maps, extra) -> PreTrainedModel:
     if is_adapter_dir(location):
         # Evaluating an adapter run keeps the PeftModel; training from one starts from the merged model.
-        adapted = load_adapter_model(auto_class, location, revision=model.revision)
+        adapted = load_adapter_model(auto_class, location)
         if model_path is not None:
             return adapted
         # peft froze the base weights; they stay frozen through the merge, and a full fine-tune (or a
@@ -396,11 +396,13 @@ def build_peft_config(model: PreTrainedModel, peft: PeftConfig, task_type: str |
     return LoraConfig(r=peft.r, lora_alpha=peft.alpha, lora_dropout=peft.dropout, **common)
 
 
-def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str | None, *, base_model_name_or_path: str | None = None):
+def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str | None, *, base_model_name_or_path: str | None = None,
+               base_model_revision: str | None = None):
     """Wrap ``model`` for parameter-efficient training; returns it unchanged when ``peft`` is None.
 
     ``task_type`` is the task's ``peft_task_type`` (``SEQ_CLS``, ...; None for a plain ``PeftModel``).
     Only the adapters and ``modules_to_save`` keep ``requires_grad``; the base weights are frozen.
+    The adapter records its base by id and revision (``model.revision``), which reloading it reads back.
     """
     if peft is None:
         return model
@@ -415,6 +417,8 @@ def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str |
         raise ModelError(f"model.peft: {error}") from error
     # get_peft_model records the folder the weights came from (a mirror path); the run records the base id.
     wrapped.peft_config["default"].base_model_name_or_path = base_model_name_or_path
+    # Without it the adapter trained on a tagged base would be reloaded on the base's newest weights.
+    wrapped.peft_config["default"].revision = base_model_revision
     return wrapped
 
 
@@ -436,10 +440,18 @@ def adapter_base_model(run_dir: str | Path) -> str:
     return recorded
 
 
-def load_adapter_model(auto_class: Any, run_dir: str | Path, *, revision: str | None = None, is_trainable: bool = False):
-    """Base weights (resolved through the mirror) under the run's own config, then the adapter.
+def adapter_base_revision(run_dir: str | Path) -> str | None:
+    """The base model revision an adapter run directory records (peft's ``revision``; None: the default branch)."""
+    return json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text()).get("revision")
+
+
+def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bool = False):
+    """Base weights (resolved through the mirror) at the revision the adapter records, under the run's
+    own config, then the adapter.
 
     The run's ``config.json`` carries the head's label maps; the base checkpoint's config does not.
+    The base revision is the adapter's record, not a revision asked for the adapter itself
+    (``model.revision`` names a revision of ``model.name_or_path``, the adapter's repository).
     """
     from peft import PeftModel
 
@@ -457,6 +469,7 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, revision: str | 
             "base_model_name_or_path in that file to the folder it is in now"
         )
     base_location = resolve_model(recorded)
+    revision = adapter_base_revision(run_dir)
     base_config = AutoConfig.from_pretrained(base_location, revision=revision)
     wanted = {"id2label": config.id2label} if hasattr(config, "id2label") else {}
     base = auto_class.from_pretrained(
@@ -497,7 +510,7 @@ def _adapter_run_loader(auto_classes: tuple[type, ...]) -> type:
             dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
             for auto_class in auto_classes:
                 try:
-                    model = load_adapter_model(auto_class, path, revision=revision).eval()
+                    model = load_adapter_model(auto_class, path).eval()
                 except ValueError as error:  # the Auto class does not map this config type
                     failures.append(f"{auto_class.__name__}: {error}")
                     continue

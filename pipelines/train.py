@@ -123,7 +123,7 @@ def train(
             f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
         )
 
-    step_log = _open_run_dir(accelerator, config, state, replace_old_run=replace_old_run, on_start=on_start)
+    step_log = _open_run_dir(accelerator, config, state, data.tokenizer, replace_old_run=replace_old_run, on_start=on_start)
     best = BestModel.from_config(config, task)
 
     def log(record: dict[str, Any]) -> None:
@@ -282,7 +282,8 @@ def _check_best_model_kept(resume_folder: Path, best_folder: Path) -> None:
 def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.Module:
     """The task's model (wrapped by peft when ``model.peft`` is set; as the student of a distillation
     wrapper when ``distill`` is), checked against both splits' sequence lengths."""
-    model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type, base_model_name_or_path=base_model_id(config.model))
+    model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type,
+                       base_model_name_or_path=base_model_id(config.model), base_model_revision=config.model.revision)
     for split, features in ((config.data.train_split, data.train_features), (config.data.eval_split, data.eval_features)):
         check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
     if config.distill is not None:
@@ -309,10 +310,10 @@ def _train_collator(config: RunConfig, task: Task, model: torch.nn.Module, train
 
 
 def _open_run_dir(
-    accelerator, config: RunConfig, state: TrainerState, *, replace_old_run: bool, on_start: Callable[[Path], None] | None,
+    accelerator, config: RunConfig, state: TrainerState, tokenizer, *, replace_old_run: bool, on_start: Callable[[Path], None] | None,
 ) -> outputs.StepLog | None:
-    """Replace an old run (overwrite=true), write ``config.yaml``, start the trackers and the step log
-    (the main process's; None on the others)."""
+    """Replace an old run (overwrite=true), write ``config.yaml`` and the tokenizer, start the trackers
+    and the step log (the main process's; None on the others)."""
     run_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         with failures_named(outputs.OutputDirError, f"output_dir {run_dir}"):
@@ -320,6 +321,9 @@ def _open_run_dir(
                 outputs.replace_run_dir(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             outputs.save_config(config, run_dir)
+            # From the start, not only with the model: a resume must read the tokenizer this run
+            # trained (MLM from scratch), as the trainer may not retrain the same one.
+            tokenizer.save_pretrained(run_dir)
         if on_start is not None:
             on_start(run_dir)
     accelerator.wait_for_everyone()

@@ -197,3 +197,27 @@ def test_cli_mlm_lora_continued_pretraining_trains_and_reloads(pretrained, corpu
 
     check_lora_run(pretrain_config(tmp_path, corpus), tmp_path / "lora", "eval_perplexity", f"model.name_or_path={pretrained}",
                    pipeline_input="the film was [MASK] and lovely")
+
+
+def test_cli_mlm_failed_overwrite_keeps_the_old_run_and_its_tokenizer(corpus, tmp_path):
+    """A from-scratch run trains its tokenizer during data preparation; a command refused after that (here:
+    data.max_seq_length past the model's positions, found when the model is built) must leave an old run
+    byte for byte, and leave a new output_dir as empty as it found it, so that the corrected command is accepted."""
+    config = pretrain_config(tmp_path, corpus)
+    run = tmp_path / "run"
+    run_cli("train", str(config), "train.max_steps=2", "train.eval_steps=null")
+    before = {path.relative_to(run): path.read_bytes() for path in sorted(run.rglob("*")) if path.is_file()}
+    assert Path("tokenizer.json") in before and Path("metrics.json") in before
+    siblings = sorted(path.name for path in tmp_path.iterdir())
+
+    result = run_cli("train", str(config), "overwrite=true", "data.max_seq_length=128", check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "max_position_embeddings" in result.stderr and "Traceback" not in result.stderr
+    after = {path.relative_to(run): path.read_bytes() for path in sorted(run.rglob("*")) if path.is_file()}
+    assert after.keys() == before.keys() and all(after[name] == before[name] for name in before)
+
+    fresh = tmp_path / "fresh"
+    result = run_cli("train", str(config), f"output_dir={fresh}", "data.max_seq_length=128", check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert not fresh.exists() or not any(fresh.iterdir()), sorted(path.name for path in fresh.iterdir())
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(siblings + ["fresh"] * fresh.exists())

@@ -64,7 +64,11 @@ def mask_tokens(
     targets = choose_mask_targets(maskable, word_ids, mlm_probability, rng)
     if not targets.any() and maskable.any():
         candidates = np.argwhere(maskable)
-        targets[tuple(candidates[rng.integers(len(candidates))])] = True
+        row, position = candidates[rng.integers(len(candidates))]
+        targets[row, position] = True
+        if word_ids is not None and word_ids[row, position] >= 0:
+            # Whole-word masking: all of that word, never one piece of it.
+            targets[row] |= maskable[row] & (word_ids[row] == word_ids[row, position])
     labels = np.where(targets, input_ids, IGNORE_INDEX)
     draw = rng.random(input_ids.shape)
     replaced = targets & (draw < mask_replace_prob)

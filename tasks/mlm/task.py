@@ -24,7 +24,7 @@ from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns, skip_blank_lines
-from pipelines.errors import ModelError
+from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 from pipelines.task import TaskBase
 from tasks.mlm.corpus import clean_rows, hold_out_documents, split_documents
@@ -131,10 +131,20 @@ class MlmTask(TaskBase):
         from accelerate.state import PartialState
 
         run_dir = Path(self.config.output_dir)
-        resuming = bool(self.config.train.resume_from_checkpoint)
-        # Other processes (and a resumed run) read the tokenizer the main process trained for this run.
-        if (resuming or not PartialState().is_main_process) and (run_dir / "tokenizer.json").is_file():
+        if self.config.train.resume_from_checkpoint:
+            # Retraining is no way back: tokenizers' WordPiece trainer breaks frequency ties in hash order,
+            # so the same corpus can give another vocabulary than the one the checkpoint was trained with.
+            # The loop saved the trained one in output_dir when the run started.
+            if not (run_dir / "tokenizer.json").is_file():
+                raise ModelError(
+                    f"train.resume_from_checkpoint: {run_dir} holds no tokenizer.json, the tokenizer this run trained; "
+                    "the checkpoint cannot be resumed with another one. Start a new run (overwrite=true)."
+                )
             return load_tokenizer(str(run_dir))
+        state = PartialState()
+        if not state.is_main_process:
+            # main_process_first: the main process has trained and shared it by now.
+            return load_tokenizer(str(self._shared_tokenizer_dir()))
         if raw is None:
             raise ModelError("no tokenizer: set model.name_or_path or model.tokenizer_name_or_path")
         architecture = self.config.model.architecture
@@ -147,10 +157,25 @@ class MlmTask(TaskBase):
         )
         if len(tokenizer) < vocab_size:
             logger.warning("the corpus yields a WordPiece vocabulary of %d < %d asked; the model uses %d", len(tokenizer), vocab_size, len(tokenizer))
-        if PartialState().is_main_process:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            tokenizer.save_pretrained(run_dir)
+        # Not saved into output_dir here: the run may still be refused (model, sequence lengths,
+        # checkpoint) and a refused command leaves an old run (overwrite=true) and a new folder as they
+        # were. The loop saves it there when the run starts; the other processes read this copy.
+        if state.num_processes > 1:
+            shared = self._shared_tokenizer_dir()
+            with failures_named(ModelError, f"cannot share the trained tokenizer with the other processes through {shared}"):
+                tokenizer.save_pretrained(shared)
         return tokenizer
+
+    def _shared_tokenizer_dir(self) -> Path:
+        """Where the main process of a multi-process run leaves the tokenizer it trained for the others: a
+        cache folder named by output_dir and the whole config, so two runs never share one."""
+        import hashlib
+        import json
+
+        from huggingface_hub import constants
+
+        key = json.dumps([str(Path(self.config.output_dir).absolute()), self.config.to_yaml_dict()], sort_keys=True, default=str)
+        return Path(constants.HF_HOME) / "bertpipe" / "mlm-tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def _unk_to_token(self, texts: list[str], unk_token: str | None) -> list[str]:
         marker = self.options.corpus_unk_token
@@ -356,3 +381,8 @@ class MlmTask(TaskBase):
 
     def save_artifacts(self, predictions, examples: Dataset, run_dir: str) -> None:
         """The run directory (model, tokenizer, metrics) is the whole result of pretraining."""
+        if self.trained_tokenizer:
+            import shutil
+
+            # Every process read it long ago, and the run holds its own copy.
+            shutil.rmtree(self._shared_tokenizer_dir(), ignore_errors=True)

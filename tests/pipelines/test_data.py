@@ -212,3 +212,14 @@ def test_data_tsv_keeps_the_quotes_of_plain_text_and_reads_csv_quoting(tmp_path)
     assert load_raw(DataConfig(files={"train": str(quoted)}))["train"]["text"] == ['He said "hi"', "tab\there"]
     with pytest.raises(DataError, match=rf"quote differently: data.files.validation: {quoted} wrap.*data.files.train: {plain} hold"):
         load_raw(DataConfig(files={"train": str(plain), "validation": str(quoted)}))
+
+
+def test_data_csv_reads_text_columns_as_written_and_only_empty_cells_as_missing(tmp_path):
+    # pandas' defaults read "None"/"NA"/"null" as missing and a column of numbers as numbers.
+    (tmp_path / "train.csv").write_text('text,label\n007,None\nNA,positive\nnull,None\n"1,5",negative\n,positive\n')
+    (tmp_path / "test.tsv").write_text("text\tscore\n42\t1\nnan\t2\n")
+    loaded = load_raw(DataConfig(files={"train": str(tmp_path / "train.csv")}), text_columns=["text", None])["train"]
+    assert loaded["text"] == ["007", "NA", "null", "1,5", None]  # the empty cell is the one missing value
+    assert loaded["label"] == ["None", "positive", "None", "negative", "positive"]
+    inputs = read_inputs(tmp_path / "test.tsv", text_columns=["text"])
+    assert inputs["text"] == ["42", "nan"] and inputs["score"] == [1, 2]  # other columns keep pandas' typing

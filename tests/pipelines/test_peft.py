@@ -8,6 +8,7 @@ answering, masked LM, a BERT2BERT ``EncoderDecoderModel``) plus sequence classif
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -292,6 +293,34 @@ def test_modeling_adapter_records_hub_id_and_reloads_through_the_mirror(tmp_path
     reloaded = load_model(AutoModelForTokenClassification, ModelConfig(), model_path=str(tmp_path / "run"))
     batch = batch_for("token-cls")
     torch.testing.assert_close(outputs_of(reloaded, batch), outputs_of(wrapped, batch))
+
+
+def test_modeling_adapter_reloads_its_base_at_the_revision_it_was_trained_on(tmp_path, monkeypatch):
+    """The base revision (``model.revision`` when training) is recorded in the adapter and read back for the
+    base alone: a revision asked for the adapter's own repository is not one of the base's."""
+    import transformers
+
+    mirror = tmp_path / "mirror"
+    save_base(mirror / "models" / "owner" / "tiny", "token-cls")
+    monkeypatch.setenv("BERTPIPE_MIRROR", str(mirror))
+    model_config = ModelConfig(name_or_path="owner/tiny", revision="v1.0", peft=PeftConfig())
+    model = load_model(AutoModelForTokenClassification, model_config, label_maps=label_maps(5))
+    wrapped = apply_peft(model, model_config.peft, "TOKEN_CLS", base_model_name_or_path=base_model_id(model_config),
+                         base_model_revision=model_config.revision)
+    save_adapter_run(wrapped, tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["revision"] == "v1.0"
+
+    asked = []
+    from_pretrained = transformers.AutoConfig.from_pretrained.__func__
+
+    def recording(cls, location, *args, revision=None, **kwargs):
+        asked.append((Path(location).name, revision))
+        return from_pretrained(cls, location, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(recording))
+    load_model(AutoModelForTokenClassification, ModelConfig(name_or_path=str(tmp_path / "adapter"), revision="adapter-v2"),
+               label_maps=label_maps(5))
+    assert ("tiny", "v1.0") in asked and all(revision != "adapter-v2" for name, revision in asked if name == "tiny")
 
 
 def test_modeling_adapter_run_whose_local_base_moved_names_the_file_and_the_folder(tmp_path, monkeypatch):

@@ -153,6 +153,20 @@ def test_mlm_batch_without_targets_gets_one():
     assert (labels != IGNORE_INDEX).sum() == 1 and labels[0, 0] == labels[0, 3] == IGNORE_INDEX
 
 
+def test_mlm_batch_without_targets_gets_one_whole_word():
+    # A short row (an eval example, masked alone) often draws no word at 15%: the one target it then
+    # gets must still be a whole word, never one piece of it.
+    ids = np.array([[2, 11, 12, 13, 14, 3]])
+    maskable = np.array([[False, True, True, True, True, False]])
+    words = np.array([[-1, 0, 0, 0, 1, -1]])
+    for seed in range(20):
+        _, labels = mask_tokens(
+            ids, maskable, words, rng=np.random.default_rng(seed), mlm_probability=1e-9, mask_replace_prob=0.8,
+            random_replace_prob=0.1, mask_token_id=MASK_ID, random_token_ids=np.arange(10, 20),
+        )
+        assert (labels != IGNORE_INDEX).tolist()[0] in ([False, True, True, True, False, False], [False] * 4 + [True, False])
+
+
 # ----- corpus and examples ----------------------------------------------------------------------
 def test_mlm_pack_blocks_keeps_every_token_once():
     rows = [[1, 2, 3], [], [4, 5, 6, 7, 8], [9], [10, 11]]
@@ -314,7 +328,20 @@ def test_mlm_from_scratch_model_matches_the_trained_tokenizer(prepared):
     task, _, model = prepared
     assert model.config.vocab_size == len(task.tokenizer) <= 200
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    assert (Path(task.config.output_dir) / "tokenizer.json").is_file()
+    # Trained during data preparation, when the run may still be refused: output_dir is not touched yet.
+    assert not Path(task.config.output_dir).exists()
+
+
+def test_mlm_resume_reads_the_tokenizer_the_run_trained_or_refuses(tmp_path, corpus_file):
+    first = MlmTask(mlm_config(tmp_path, corpus_file))
+    raw = first.load()
+    trained = first.build_tokenizer(raw)
+    resumed = MlmTask(mlm_config(tmp_path, corpus_file, "train.resume_from_checkpoint=latest"))
+    # A retraining may break frequency ties otherwise and give the checkpoint another vocabulary.
+    with pytest.raises(ModelError, match="resume_from_checkpoint: .* holds no tokenizer.json, the tokenizer this run trained"):
+        resumed.build_tokenizer(raw)
+    trained.save_pretrained(tmp_path / "run")  # as the loop does when the run starts
+    assert resumed.build_tokenizer(raw).get_vocab() == trained.get_vocab()
 
 
 # ----- continued pretraining and the chain -----------------------------------------------------
