@@ -375,17 +375,23 @@ def _finish_run(
     run_dir = Path(config.output_dir)
     accelerator.wait_for_everyone()
     unwrapped = student_of(accelerator.unwrap_model(model))
-    _save_model(accelerator, model, run_dir)
-    if accelerator.is_main_process:
-        data.tokenizer.save_pretrained(run_dir)
-        if config.model.peft is not None and config.model.peft.merge:
-            save_merged_model(unwrapped, data.tokenizer, run_dir / MERGED_DIR)
-        task.save_artifacts(predictions, data.eval_examples, str(run_dir))
-        shutil.rmtree(run_dir / BEST_MODEL_DIR, ignore_errors=True)
-        outputs.plot_training_curves(log_history, run_dir / outputs.PLOT_FILE)
-        write_model_card(run_dir, config, task, summary)
-        outputs.write_json(run_dir / outputs.METRICS_FILE, summary)
-        step_log.close()
+    # A full disk reaches safetensors as a SafetensorError and torch.save as a RuntimeError, neither
+    # an OSError: without this the run ended in a traceback. metrics.json is not written, so the run
+    # stays unfinished and resumable.
+    with failures_named(outputs.OutputDirError, f"output_dir {run_dir}: the trained run could not be saved (free space, then run "
+                        "the same command with train.resume_from_checkpoint=latest, or overwrite=true without a checkpoint)"):
+        _save_model(accelerator, model, run_dir)
+        if accelerator.is_main_process:
+            data.tokenizer.save_pretrained(run_dir)
+            if config.model.peft is not None and config.model.peft.merge:
+                save_merged_model(unwrapped, data.tokenizer, run_dir / MERGED_DIR)
+            task.save_artifacts(predictions, data.eval_examples, str(run_dir))
+            outputs.plot_training_curves(log_history, run_dir / outputs.PLOT_FILE)
+            write_model_card(run_dir, config, task, summary)
+            outputs.write_json(run_dir / outputs.METRICS_FILE, summary)
+            # After metrics.json: a resume of a run that failed before it reloads the best model from here.
+            shutil.rmtree(run_dir / BEST_MODEL_DIR, ignore_errors=True)
+            step_log.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
     if config.hub.push and accelerator.is_main_process:

@@ -308,6 +308,30 @@ def test_faults_disk_full_while_a_resume_rewrites_the_config_keeps_the_run(refus
             needles=["No space left on device", str(run_copy / "config.yaml")])
 
 
+def test_faults_disk_full_while_saving_the_trained_run_leaves_it_resumable(capsys, finished_run, tmp_path, monkeypatch):
+    # A full disk reaches safetensors as a SafetensorError and torch.save as "RuntimeError: unexpected
+    # pos", not as an OSError: the run ended in a traceback. It is one message, and the run, unfinished
+    # (no metrics.json) with its checkpoints, resumes to the result of an uninterrupted one.
+    import pipelines.train
+
+    def disk_full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 9664 vs 9556")
+
+    monkeypatch.setattr(pipelines.train, "write_model_card", disk_full)
+    run_dir = tmp_path / "full"
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_dir}")
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert f"output_dir {run_dir}: the trained run could not be saved" in stderr and "unexpected pos" in stderr
+    assert not (run_dir / "metrics.json").exists()
+
+    monkeypatch.undo()
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_dir}", "train.resume_from_checkpoint=latest")
+    assert status == 0, stderr[-3000:]
+    resumed, uninterrupted = (json.loads((folder / "metrics.json").read_text()) for folder in (run_dir, finished_run[1]))
+    for key in ("global_step", "eval_accuracy", "train_loss"):
+        assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5, abs=1e-6), key
+
+
 # ----- predict and evaluate -------------------------------------------------------------------------
 def test_faults_predict_output_is_the_input(refused, run_copy, tmp_path):
     inputs = tmp_path / "inputs.jsonl"
