@@ -86,7 +86,7 @@ class MlmTask(TaskBase):
     # ----- data ---------------------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
-        raw = DatasetDict(load_raw(data))
+        raw = DatasetDict(load_raw(data, text_columns=[self.text_column]))
         for split_name, split in raw.items():
             require_columns(split, [self.text_column], split_name)
         rows = {name: list(split[self.text_column]) for name, split in raw.items()}
@@ -106,7 +106,7 @@ class MlmTask(TaskBase):
         return finalize_splits(cleaned, data, self.config.seed, need_train=include_train)
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding), path)
+        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding, text_columns=[self.text_column, "text"]), path)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column], "input")

@@ -252,6 +252,17 @@ def test_mlm_metrics_weight_every_masked_token():
         masked_lm_metrics(np.zeros(2), np.zeros(2), np.zeros(2))
 
 
+def test_mlm_csv_corpus_rows_are_the_text_written(tmp_path):
+    # pandas alone reads a row "1999" as the number 1999 and "NA" as a missing value.
+    corpus = tmp_path / "corpus.csv"
+    corpus.write_text("text\n1999\nNA\nthe film was fine\n007 returns\n")
+    task = MlmTask(mlm_config(tmp_path, corpus, "data.validation_fraction=null", "data.files.validation=" + str(corpus)))
+    assert task.load()["train"]["text"] == ["1999", "NA", "the film was fine", "007 returns"]
+    inputs = tmp_path / "inputs.csv"
+    inputs.write_text("text\n42\n")
+    assert task.load_inputs(str(inputs))["text"] == ["42"]
+
+
 @pytest.fixture
 def prepared(tmp_path, corpus_file):
     config = mlm_config(tmp_path, corpus_file)
