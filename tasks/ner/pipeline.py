@@ -29,7 +29,8 @@ So a bertpipe NER run stores ``aggregation_strategy: words`` and this subclass, 
 ``token-classification`` pipeline when :mod:`tasks.ner` is imported, applies it by default (or when
 ``aggregation_strategy="words"`` is given). An explicit transformers strategy (``"simple"``,
 ``"first"``, ...) keeps transformers' behaviour, except that on bertpipe runs the entity spans are
-trimmed of surrounding whitespace (DeBERTa-v2) and a group that covers only a space is dropped.
+trimmed of surrounding whitespace (DeBERTa-v2) and widened to whole grapheme clusters (a combining mark
+that an accent-stripping normalizer left out of the offsets), and a group that covers only a space is dropped.
 Models that are not bertpipe NER runs get transformers' pipeline unchanged.
 """
 
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
+from pipelines.graphemes import grapheme_boundaries, whole_graphemes
 from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
 from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions
 from tasks.ner.windows import encode_word_windows, select_word_predictions
@@ -120,7 +122,9 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
         if "word_index" not in all_outputs[0]:
             entities = super().postprocess(all_outputs, aggregation_strategy=aggregation_strategy, ignore_labels=ignore_labels)
             if self._run_defaults():
-                entities = [_trim_span(entity, all_outputs[0]["sentence"]) for entity in entities]
+                sentence = all_outputs[0]["sentence"]
+                boundaries = grapheme_boundaries(sentence)
+                entities = [_trim_span(entity, sentence, boundaries) for entity in entities]
                 # A group of nothing but a space piece (a lone ``Ġ`` of byte-level BPE) names no text.
                 entities = [e for e in entities if "entity_group" not in e or e["start"] is None or e["start"] < e["end"]]
             return entities
@@ -141,8 +145,13 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
         return [entity for entity in entities if entity["entity_group"] not in ignored]
 
 
-def _trim_span(entity: dict[str, Any], sentence: str | None) -> dict[str, Any]:
-    """An entity (or piece) with the whitespace its offsets include left out (DeBERTa-v2 counts the space before a word)."""
+def _trim_span(entity: dict[str, Any], sentence: str | None, boundaries: list[int] | None = None) -> dict[str, Any]:
+    """An entity (or piece) without the whitespace its offsets include, made of whole grapheme clusters.
+
+    DeBERTa-v2 counts the space before a word. Normalizers that strip accents (uncased WordPiece,
+    ALBERT, DeBERTa-v2) leave combining marks out of every piece's offsets, so an entity "José" (NFD)
+    or "नमस्ते" ended before its last mark; an ``[UNK]`` piece's ``word``, the text under its offsets, too.
+    """
     start, end = entity.get("start"), entity.get("end")
     if sentence is None or start is None or end is None:
         return entity
@@ -150,7 +159,13 @@ def _trim_span(entity: dict[str, Any], sentence: str | None) -> dict[str, Any]:
         start += 1
     while end > start and sentence[end - 1].isspace():
         end -= 1
-    return {**entity, "start": start, "end": end}
+    trimmed = {**entity, "start": start, "end": end}
+    if start == end or boundaries is None:
+        return trimmed
+    trimmed["start"], trimmed["end"] = whole_graphemes(start, end, boundaries)
+    if entity.get("word") == sentence[start:end]:  # an [UNK] piece's word: the text under its offsets
+        trimmed["word"] = sentence[trimmed["start"] : trimmed["end"]]
+    return trimmed
 
 
 def register_ner_pipeline() -> None:

@@ -10,14 +10,12 @@ Out: per example the best answer text with its character span, its probability, 
 
 from __future__ import annotations
 
-import bisect
 import collections
 from typing import Any, Sequence
 
 import numpy as np
-import regex  # transformers' own dependency; unlike re, it knows grapheme clusters (\X)
 
-_GRAPHEME = regex.compile(r"\X")
+from pipelines.graphemes import grapheme_boundaries, whole_graphemes
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -37,25 +35,6 @@ def trim_span(context: str, start: int, end: int) -> tuple[int, int] | None:
     while end > start and context[end - 1].isspace():
         end -= 1
     return (start, end) if start < end else None
-
-
-def grapheme_boundaries(context: str) -> list[int] | None:
-    """Every grapheme cluster boundary of ``context`` in order (None for ASCII text, where each char is one)."""
-    if context.isascii():
-        return None
-    return [0] + [match.end() for match in _GRAPHEME.finditer(context)]
-
-
-def whole_graphemes(start: int, end: int, boundaries: list[int] | None) -> tuple[int, int]:
-    """``[start, end)`` widened to whole grapheme clusters (``boundaries`` from :func:`grapheme_boundaries`).
-
-    Normalizers that strip accents (uncased WordPiece, ALBERT, DeBERTa) drop combining marks from
-    every piece's offsets, so a span ending in "José" (NFD) or a Devanagari vowel sign stopped
-    before the mark: the answer read "Jose", "नमस्त", and failed exact match against its own text.
-    """
-    if boundaries is None:
-        return start, end
-    return boundaries[bisect.bisect_right(boundaries, start) - 1], boundaries[bisect.bisect_left(boundaries, end)]
 
 
 def postprocess_qa_predictions(

@@ -17,6 +17,7 @@ from typing import Any
 from transformers import AutoModelForQuestionAnswering, Pipeline
 
 from tasks.qa.decoding import postprocess_qa_predictions
+from tasks.qa.squad_files import is_blank
 from tasks.qa.windows import check_question_lengths, prepare_features
 
 PIPELINE_TASK = "question-answering"
@@ -98,8 +99,10 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
         if not isinstance(example, dict) or not {"question", "context"} <= set(example):
             raise ValueError(f"a question-answering input needs 'question' and 'context', got {example!r}")
         question, context = example["question"], example["context"]
-        if not context.strip():
+        if is_blank(context):
             raise ValueError(f"the context is empty (question {question[:80]!r})")
+        if is_blank(question):
+            raise ValueError(f"the question is blank ({question!r}; context {context[:80]!r})")
         check_question_lengths(self.tokenizer, [question], ["input"], max_length=max_seq_len, doc_stride=doc_stride)
         features = prepare_features(
             {"question": [question], "context": [context]}, [0], tokenizer=self.tokenizer,

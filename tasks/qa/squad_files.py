@@ -13,6 +13,7 @@ Out: flat rows ``id, title, context, question, answers = {text: [...], answer_st
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +127,30 @@ def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:
     return Dataset.from_list(rows, features=EXAMPLE_FEATURES)
 
 
+def is_blank(text: str) -> bool:
+    """Nothing to read: only whitespace, control and format characters.
+
+    A zero-width space, a byte-order mark or a bidi mark passes ``str.strip``, yet gives no piece (so no
+    span) on most tokenizers and an invisible one on byte-level BPE.
+    """
+    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
+
+
 def check_examples(examples: Dataset, split: str, *, version_2_with_negative: bool | None) -> None:
-    """Empty contexts and (for v1) unanswerable questions are errors naming the example."""
-    for index, (identifier, context, answers) in enumerate(zip(examples["id"], examples["context"], examples["answers"])):
-        if not context.strip():
-            raise DataError(f"split {split!r}, example {index} (id {identifier!r}): the context is empty")
+    """Empty contexts, blank questions and (for v1) unanswerable questions are errors naming the example.
+
+    A blank question was answered all the same (the model reads only the context), in predict and in
+    evaluation, and trained a span for no question.
+    """
+    rows = zip(examples["id"], examples["question"], examples["context"], examples["answers"])
+    for index, (identifier, question, context, answers) in enumerate(rows):
+        if is_blank(context):
+            raise DataError(
+                f"split {split!r}, example {index} (id {identifier!r}): the context is empty (nothing but whitespace "
+                "or invisible characters)"
+            )
+        if is_blank(question):
+            raise DataError(f"split {split!r}, example {index} (id {identifier!r}): the question is blank ({question!r})")
         if version_2_with_negative is False and not answers["text"]:
             raise DataError(
                 f"split {split!r}, example {index} (id {identifier!r}) has no answer, which SQuAD v1.1 does not allow; "

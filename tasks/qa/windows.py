@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import regex  # transformers' own dependency; unlike re, it knows grapheme clusters (\X)
-
 from pipelines.data import DataError
+from pipelines.graphemes import GRAPHEME
 from tasks.qa.decoding import trim_span
-
-_GRAPHEME = regex.compile(r"\X")
 
 
 def question_first(tokenizer) -> bool:
@@ -96,7 +93,7 @@ def answer_char_span(context: str, start_char: int, text: str) -> tuple[int, int
     of "José" in NFD, a Devanagari vowel sign) lie in no piece's offsets when the normalizer strips
     them (or at all, for whitespace): counted, an answer at the end of the context, or ending at a
     window's last token, was held by no window and trained as "no answer". Decoding widens a span to
-    whole graphemes (:func:`tasks.qa.decoding.whole_graphemes`), so the first character of the last
+    whole graphemes (:func:`pipelines.graphemes.whole_graphemes`), so the first character of the last
     grapheme is enough.
     """
     end_char = start_char + len(text)
@@ -105,7 +102,7 @@ def answer_char_span(context: str, start_char: int, text: str) -> tuple[int, int
         return start_char, end_char
     start, end = span
     last_grapheme = None
-    for last_grapheme in _GRAPHEME.finditer(context, start, end):
+    for last_grapheme in GRAPHEME.finditer(context, start, end):
         pass
     return start, last_grapheme.start() + 1
 

@@ -354,15 +354,29 @@ def test_ner_split_words_keeps_combining_marks_and_joiners_inside_their_word():
 
 
 def test_ner_split_words_treats_invisible_characters_between_words_as_spaces():
-    # A byte-order mark, a zero-width space, a control character, a bidi mark and emoji joiners are
-    # no words: tagged, they made entities of invisible text or split "Marguerite Kowalski" in two.
-    text = "\ufeffMarguerite\u200bKowalski left\x07 Rome\u200f. 👩\u200d👧"
+    # A byte-order mark, a zero-width space, a control character, a bidi mark and a joiner after a
+    # space are no words: tagged, they made entities of invisible text or split "Marguerite Kowalski" in two.
+    text = "\ufeffMarguerite\u200bKowalski left\x07 Rome\u200f. \u200d👧"
     words = split_words(text)
-    assert [w for w, _ in words] == ["Marguerite", "Kowalski", "left", "Rome", ".", "👩", "👧"]
+    assert [w for w, _ in words] == ["Marguerite", "Kowalski", "left", "Rome", ".", "👧"]
     assert all(text[start:end] == word for word, (start, end) in words)
-    tags = ["B-PER", "I-PER", "O", "B-LOC", "O", "O", "O"]
+    tags = ["B-PER", "I-PER", "O", "B-LOC", "O", "O"]
     entities = word_entities(tags, [0.5] * len(tags), [span for _, span in words], text)
     assert [(e["word"], e["start"], e["end"]) for e in entities] == [("Marguerite\u200bKowalski", 1, 20), ("Rome", 27, 31)]
+
+
+def test_ner_split_words_keeps_an_emoji_with_its_selector_modifier_or_joined_sequence():
+    # Cut after the symbol, a variation selector or skin-tone modifier was a word of its own: tagged on
+    # cased and byte-level tokenizers, "\ufe0f" alone could be an entity, and a flag was two words.
+    text = "I \u2764\ufe0f Paris 👍\U0001f3fd 🇫🇷 👩\u200d💻 #\ufe0f\u20e3 \u00a9\ufe0f Acme $^"
+    words = split_words(text)
+    assert [w for w, _ in words] == [
+        "I", "\u2764\ufe0f", "Paris", "👍\U0001f3fd", "🇫🇷", "👩\u200d💻", "#\ufe0f\u20e3", "\u00a9\ufe0f", "Acme", "$", "^",
+    ]
+    assert all(text[start:end] == word for word, (start, end) in words)
+    tags = ["O", "O", "B-LOC", "O", "B-MISC", "O", "O", "O", "B-ORG", "O", "O"]
+    entities = word_entities(tags, [0.5] * len(tags), [span for _, span in words], text)
+    assert [(e["entity_group"], e["word"]) for e in entities] == [("LOC", "Paris"), ("MISC", "🇫🇷"), ("ORG", "Acme")]
 
 
 def test_ner_split_words_makes_each_cjk_ideograph_a_word(tokenizer):
@@ -401,3 +415,32 @@ def test_ner_read_conll_honours_the_encoding_and_names_a_bad_byte(tmp_path):
     assert read_conll(path, encoding="latin-1")[0]["tokens"] == ["Müller"]
     with pytest.raises(DataError, match=rf"{path}, line 1 .*0xfc is not valid utf-8"):
         read_conll(path)
+
+
+# ----- the token-classification pipeline -----------------------------------------------------------
+def test_ner_pipeline_transformers_aggregations_give_whole_graphemes(tmp_path, tiny_bert):
+    """An explicit transformers aggregation on a run: the uncased tiny BERT strips accents, so every piece's
+    offsets left out the accent of "José" (NFD) and the vowel sign ending "नमस्ते"; entities ended before them."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
+
+    import tasks.ner  # noqa: F401  (registers bertpipe's pipeline("token-classification"))
+
+    labels = ["O", "B-PER", "I-PER"]
+    model = AutoModelForTokenClassification.from_pretrained(
+        tiny_bert, id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)}
+    )
+    model.config.task_specific_params = {"token-classification": {"aggregation_strategy": "words", "max_seq_length": 24, "stride": 8}}
+    with torch.no_grad():  # every piece I-PER: one group over the whole text
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([0.0, 0.0, 5.0]))
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path)
+    for strategy in ("simple", "first", "none"):
+        tagger = pipeline("token-classification", model=str(tmp_path), aggregation_strategy=strategy)
+        for text in ("Jose\u0301", "met Jose\u0301", "नमस्ते"):
+            found = tagger(text)
+            assert found and found[-1]["end"] == len(text), (strategy, text, found)
+            assert all(0 <= e["start"] < e["end"] <= len(text) for e in found)
+        (jose,) = tagger("Jose\u0301")  # one [UNK] piece: its word is the text under its offsets
+        assert jose["word"] == "Jose\u0301", strategy

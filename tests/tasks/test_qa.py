@@ -504,6 +504,24 @@ def test_qa_long_question_and_empty_context_name_the_example(tmp_path, tiny_bert
         build_task(tmp_path, tiny_bert, [("who ?", "film", [{"text": "film", "answer_start": 0}]), ("who ?", "  ", [])])
 
 
+@pytest.mark.parametrize("question, context, message", [
+    ("", "the film", r"example 1 \(id 'q1'\): the question is blank"),
+    (" \t\u200b", "the film", r"example 1 \(id 'q1'\): the question is blank"),
+    ("who ?", "\u200b\ufeff\u200f", r"example 1 \(id 'q1'\): the context is empty"),
+])
+def test_qa_blank_question_or_invisible_context_names_the_example(tmp_path, tiny_bert, question, context, message):
+    # Both were answered in silence: a blank question from the context alone; a context of zero-width
+    # characters (it passes str.strip) with "" here, and with an invisible piece on byte-level BPE.
+    good = ("who ?", "film", [{"text": "film", "answer_start": 0}])
+    with pytest.raises(DataError, match=rf"split 'train', {message}"):
+        build_task(tmp_path, tiny_bert, [good, (question, context, [])], version_2_with_negative=True)
+    task, _ = build_task(tmp_path, tiny_bert, [good])
+    inputs = write_jsonl(tmp_path / "input.jsonl", [{"question": "who ?", "context": "the film"},
+                                                     {"id": "q1", "question": question, "context": context}])
+    with pytest.raises(DataError, match=rf"split 'input', {message}"):
+        task.load_inputs(str(inputs))
+
+
 def test_qa_unanswerable_question_needs_v2(tmp_path, tiny_bert):
     items = [("who ?", "the film", [{"text": "film", "answer_start": 4}]), ("who ?", "the film", [])]
     with pytest.raises(DataError, match=r"id 'q1'.*version_2_with_negative=true"):
@@ -566,6 +584,19 @@ def test_qa_pipeline_is_registered_idempotently_and_answers_with_spans(tmp_path,
     assert len(batch) == 2 and batch[0] == answer
     with pytest.raises(DataError, match="question has"):
         qa(question=" ".join(WORDS * 2), context=context)
+
+
+def test_qa_pipeline_refuses_a_blank_question_or_an_invisible_context(tmp_path, tiny_bert):
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
+
+    register_qa_pipeline()
+    AutoModelForQuestionAnswering.from_pretrained(tiny_bert).save_pretrained(tmp_path / "qa")
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path / "qa")
+    qa = pipeline("question-answering", model=str(tmp_path / "qa"), max_seq_len=24, doc_stride=8)
+    with pytest.raises(ValueError, match="the question is blank"):
+        qa(question="  ", context="the film was good")
+    with pytest.raises(ValueError, match="the context is empty"):
+        qa(question="who ?", context="\u200b\ufeff")
 
 
 def test_qa_pipeline_windows_fit_a_checkpoint_with_fewer_positions_than_384(tmp_path, tiny_bert):
