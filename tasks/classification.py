@@ -10,6 +10,7 @@ Out: an ``AutoModelForSequenceClassification`` whose config carries ``id2label``
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -109,7 +110,7 @@ class ClassificationTask(TaskBase):
         """Label column -> ids (or multi-hot / floats), failing on a label outside the label set."""
         column = split[self.label_column]
         if self.problem_type == "regression":
-            return [float(value) for value in column]
+            return [_score(value, row, split_name) for row, value in enumerate(column)]
         feature = split.features[self.label_column]
         class_label = feature if isinstance(feature, ClassLabel) else getattr(feature, "feature", None)
         class_names = list(class_label.names) if isinstance(class_label, ClassLabel) else None
@@ -127,6 +128,8 @@ class ClassificationTask(TaskBase):
             # A ClassLabel id indexes the dataset's own names; classification.label_names (or a finished
             # run's id2label) may order them differently, so the id is mapped through its name.
             name = class_names[int(value)] if named else str(value)
+            if isinstance(value, float) and value.is_integer() and name not in label2id:
+                name = str(int(value))  # labels 0/1 of a file that writes them 0.0/1.0
             if name not in label2id:
                 raise DataError(
                     f"split {split_name!r}, row {row + 1} (rows count from 1): label {value!r} is not in the label set "
@@ -163,7 +166,7 @@ class ClassificationTask(TaskBase):
     # ----- the task interface ------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
-        loaded = load_raw(data)
+        loaded = load_raw(data, text_columns=[self.text_column, data.text_pair_column])
         # Before sampling and hold-out, while row numbers are still the file's.
         used = {data.train_split, data.eval_split} if include_train else {data.eval_split}
         for split_name in sorted(used & set(loaded)):
@@ -175,13 +178,17 @@ class ClassificationTask(TaskBase):
         for split_name, split in raw.items():
             require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_name)
         reference = raw[data.train_split] if include_train else raw[data.eval_split]
-        self.problem_type = self._infer_problem_type(reference)
+        # A finished run's head (build_model(model_path=...) runs first) fixes the problem type; inferred
+        # from an eval file instead, labels 0/1 written as 0.0/1.0 would score a classifier as a regression.
+        if include_train or self.problem_type is None:
+            self.problem_type = self._infer_problem_type(reference)
         if include_train and self.problem_type != "regression":
             self.label_names = self._infer_label_names(reference)
         return raw
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding), path)
+        text_columns = [self.text_column, self.config.data.text_pair_column, "text"]
+        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding, text_columns=text_columns), path)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
@@ -326,9 +333,25 @@ def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_colum
     return encoded
 
 
-def _natural_key(name: str) -> tuple:
-    """Sort ``"2" < "10"`` numerically and names alphabetically."""
+def _score(value: Any, row: int, split_name: str) -> float:
     try:
-        return (0, float(name), "")
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataError(
+            f"split {split_name!r}, row {row + 1} (rows count from 1): label {value!r} is not a number; "
+            "a regression run needs a numeric score in every row"
+        ) from None
+
+
+def _natural_key(name: str) -> tuple:
+    """Sort ``"2" < "10"`` numerically and names alphabetically.
+
+    The names come from a set, whose order changes with each process's string-hash seed, so the key must
+    order any two names: numbers that tie ("1", "01") fall back to the name, and "nan"/"inf" (which do not
+    compare) count as names. Otherwise each process of a run could number the labels its own way.
+    """
+    try:
+        number = float(name)
     except ValueError:
         return (1, 0.0, name)
+    return (0, number, name) if math.isfinite(number) else (1, 0.0, name)

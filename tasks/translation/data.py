@@ -9,7 +9,7 @@ Out: the split with one text column per requested language (errors name split, r
 
 from __future__ import annotations
 
-from datasets import Dataset
+from datasets import Dataset, Value
 
 from pipelines.data import DataError
 
@@ -42,8 +42,26 @@ def _unpack_translation(batch: dict, indices: list[int], *, languages: list[str]
             if pair.get(lang) is None:
                 present = sorted(key for key, value in pair.items() if value is not None)
                 raise DataError(f"split {split_name!r}, row {row}: the {translation_column!r} dict has languages {present}, not {lang!r}")
+            if not isinstance(pair[lang], str):
+                raise DataError(f"split {split_name!r}, row {row}: the {translation_column!r} dict holds {type(pair[lang]).__name__} "
+                                f"under {lang!r}, not text")
             columns[lang].append(pair[lang])
     return columns
+
+
+def require_language_text(split: Dataset, columns: list[str], where: str) -> None:
+    """Each language column holds text. A csv column of numbers is read as numbers and a jsonl column mixing
+    numbers and strings as ``Json`` objects; either would reach the tokenizer and fail there without a name.
+    (A column of nulls only is left to the empty-row check, which names the rows.)"""
+    for column in columns:
+        feature = split.features[column]
+        if isinstance(feature, Value) and feature.dtype in ("string", "large_string", "null"):
+            continue
+        kind = feature.dtype if isinstance(feature, Value) else type(feature).__name__
+        raise DataError(
+            f"{where}: column {column!r} holds {kind} values, not text; translation.source_lang / translation.target_lang "
+            "name the columns of source and target sentences"
+        )
 
 
 def empty_rows(split: Dataset, columns: list[str]) -> list[int]:

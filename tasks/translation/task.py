@@ -20,12 +20,12 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, skip_blank_lines
+from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, skip_blank_lines, split_source
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
 from pipelines.task import TaskBase
 from tasks.translation.build import TranslationModelBuilding
-from tasks.translation.data import _tokenize, empty_rows, to_language_columns
+from tasks.translation.data import _tokenize, empty_rows, require_language_text, to_language_columns
 from tasks.translation.generation import decode, generated_lengths
 from tasks.translation.options import GENERATED_KEY, GENERATIONS_FILE, SIGNATURE_FILE, TranslationOptions
 
@@ -73,7 +73,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
     # ----- data -------------------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
-        raw = load_raw(data)
+        raw = load_raw(data, text_columns=[self.options.source_lang, self.options.target_lang])
         raw = DatasetDict({name: self._pairs(split, name) for name, split in raw.items()})
         return finalize_splits(raw, data, self.config.seed, need_train=include_train)
 
@@ -81,6 +81,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         """Any supported layout -> columns ``source_lang`` and ``target_lang`` (text), empty pairs handled."""
         src, tgt = self.options.source_lang, self.options.target_lang
         split = to_language_columns(split, [src, tgt], self.options.translation_column, split_name)
+        require_language_text(split, [src, tgt], f"split {split_name!r} ({split_source(self.config.data, split_name)})")
         return self._handle_empty(split, [src, tgt], split_name)
 
     def _handle_empty(self, split: Dataset, columns: list[str], split_name: str) -> Dataset:
@@ -99,7 +100,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
 
     def load_inputs(self, path: str) -> Dataset:
         src = self.options.source_lang
-        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding), path)
+        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding, text_columns=[self.options.source_lang, "text"]), path)
         if src not in inputs.column_names:
             if self.options.translation_column in inputs.column_names:
                 inputs = to_language_columns(inputs, [src], self.options.translation_column, "input")
@@ -110,6 +111,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
                     f"input file {path} has no {src!r} field (the source language), no "
                     f"{self.options.translation_column!r} dict and no 'text' field; columns: {inputs.column_names}"
                 )
+        require_language_text(inputs, [src], f"--input {path}")
         return self._handle_empty(inputs, [src], f"input {path}")
 
     # ----- features -----------------------------------------------------------------------
@@ -123,7 +125,9 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
             num_proc=self.config.data.preprocessing_num_workers,
             fn_kwargs={
                 "tokenizer": self.tokenizer, "source_column": src,
-                "target_column": tgt if tgt in examples.column_names else None,
+                # Inputs to predict may hold references (a test set), even missing ones or ones longer than the
+                # decoder's positions: predict never reads them, so they are not tokenised or checked.
+                "target_column": tgt if tgt in examples.column_names and not inputs else None,
                 "prefix": self.source_prefix, "max_source_length": self.config.data.max_seq_length,
                 "max_target_length": self.options.max_target_length, "decoder_start_token_id": decoder_start,
             },

@@ -157,3 +157,64 @@ def test_classification_training_rows_of_one_label_are_refused_naming_the_sample
     with caplog.at_level("WARNING", logger="tasks.classification"):
         task.preprocess(raw["train"], train=True)
     assert "no examples of label(s) ['neutral']" in caplog.text
+
+
+def test_classification_finished_runs_head_fixes_the_problem_type_of_the_eval_split(tmp_path, tiny_bert):
+    """``bertpipe evaluate`` loads the run, then its eval split: labels 0/1 written as 0.0/1.0 must not turn a
+    classifier's evaluation into regression (Pearson of the first logit, no error), nor whole-number similarity
+    scores turn a regression run's into single-label classification (a TypeError with a traceback)."""
+    def finished_run(name, rows):
+        (tmp_path / name).mkdir()
+        task, raw = make_task(tmp_path / name, tiny_bert, rows, rows)
+        task.build_model(raw).save_pretrained(tmp_path / name / "run")
+        task.tokenizer.save_pretrained(tmp_path / name / "run")
+        return tmp_path / name / "run"
+
+    def eval_features(run, rows):
+        valid = write_jsonl(run.parent / "test.jsonl", rows)
+        config = load_config(run.parent / "c.yaml", [f"data.files={{validation: {valid}}}"], lambda name: get_task(name).Options)
+        task = ClassificationTask(config)
+        task.build_tokenizer(None, model_path=str(run))
+        task.build_model(None, model_path=str(run))
+        return task, task.preprocess(task.load(include_train=False)["validation"], train=False)
+
+    classifier = finished_run("classifier", [{"text": "good", "label": 1}, {"text": "bad", "label": 0}])
+    task, features = eval_features(classifier, [{"text": "fine", "label": 1.0}, {"text": "awful", "label": 0.0}])
+    assert task.problem_type == "single_label" and features["labels"] == [1, 0]
+    metrics = task.compute_metrics(task.postprocess({"logits": np.array([[0.0, 2.0], [0.0, 1.0]])}, features, None), None)
+    assert metrics["accuracy"] == 0.5 and "pearson" not in metrics
+
+    regression = finished_run("regression", [{"text": "good", "label": 4.5}, {"text": "bad", "label": 0.5}])
+    task, features = eval_features(regression, [{"text": "fine", "label": 4}, {"text": "awful", "label": 1}])
+    assert task.problem_type == "regression" and features["labels"] == [4.0, 1.0]
+    with pytest.raises(DataError, match=r"'validation', row 2 \(rows count from 1\): label 'bad' is not a number"):
+        eval_features(regression, [{"text": "fine", "label": "4"}, {"text": "awful", "label": "bad"}])
+
+
+def test_classification_label_order_does_not_depend_on_the_order_labels_are_seen():
+    """Label names are sorted from a set, whose order changes with each process's string-hash seed: ties
+    ("1" and "01") or a "nan" label gave each process of a distributed run, and a resumed run, other label ids."""
+    from itertools import permutations
+
+    from tasks.classification import _natural_key
+
+    names = ["10", "01", "nan", "2", "1", "b", "1.0", "a", "inf"]
+    orders = {tuple(sorted(permuted, key=_natural_key)) for permuted in permutations(names[:6])}
+    assert len(orders) == 1
+    assert sorted(names, key=_natural_key) == sorted(names[::-1], key=_natural_key)
+    assert sorted(names, key=_natural_key)[:5] == ["01", "1", "1.0", "2", "10"]
+
+
+def test_classification_csv_texts_and_labels_are_read_as_written(tmp_path, tiny_bert):
+    # pandas alone reads the intent label "None" as missing, a text column of numbers as numbers.
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n007,None\n1999,greet\nNA,None\n")
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(f"task: classification\noutput_dir: {tmp_path / 'run'}\nmodel:\n  name_or_path: {tiny_bert}\n"
+                           f"data:\n  files:\n    train: {train}\n    validation: {train}\n")
+    task = ClassificationTask(load_config(config_path, [], lambda name: get_task(name).Options))
+    raw = task.load()
+    assert raw["train"]["text"] == ["007", "1999", "NA"] and task.label_names == ["None", "greet"]
+    inputs = tmp_path / "inputs.csv"
+    inputs.write_text("text\n42\n")
+    assert task.load_inputs(str(inputs))["text"] == ["42"]

@@ -4,6 +4,7 @@ sharing, generation settings on save/reload, the sacreBLEU/chrF modules, a tiny 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,31 @@ def test_translation_load_inputs_reads_txt_lines_and_jsonl_source_field(tmp_path
     with pytest.raises(DataError, match=r"no 'de' field"):
         task.load_inputs(str(wrong))
 
+
+def test_translation_predict_inputs_with_references_are_not_tokenised_as_labels(tmp_path, tiny_bert):
+    """An input file to predict may be a test set holding references, some missing or longer than the decoder's
+    positions: predict never reads them, so they must neither crash the tokenizer (a None reference raised a
+    TypeError with a traceback) nor refuse the run (``labels of up to N tokens``)."""
+    task = make_task(tmp_path, tiny_bert)
+    task.build_tokenizer(None)
+    path = write_jsonl(tmp_path / "test.jsonl", [{"de": "film story", "en": "film " * 100}, {"de": "plot very", "en": None}])
+    features = task.preprocess(task.load_inputs(str(path)), train=False, inputs=True)
+    assert len(features) == 2 and "labels" not in features.column_names
+
+
+@pytest.mark.parametrize("where", ["train", "input"])
+def test_translation_source_or_target_that_is_not_text_names_split_and_column(tmp_path, tiny_bert, where):
+    """A column of numbers (a csv of ids, a jsonl mixing numbers and strings) used to reach the tokenizer and
+    end in a TypeError traceback."""
+    rows = copy_rows(24, seed=1)
+    if where == "train":
+        rows[3]["en"] = 7
+        with pytest.raises(DataError, match=r"split 'train' .*column 'en' holds .*not text"):
+            make_task(tmp_path, tiny_bert, rows=rows).load()
+    else:
+        path = write_jsonl(tmp_path / "test.jsonl", [{"de": "film story"}, {"de": 5}])
+        with pytest.raises(DataError, match=rf"--input {re.escape(str(path))}: column 'de' holds Json values, not text"):
+            make_task(tmp_path, tiny_bert).load_inputs(str(path))
 
 # ----- labels, collation ------------------------------------------------------------------
 def test_translation_strip_decoder_start_drops_only_a_leading_start_token():
@@ -362,3 +388,18 @@ def test_translation_configs_load():
     assert marian.model.name_or_path == "Helsinki-NLP/opus-mt-de-en" and marian.data.name == "de-en"
     for path in (REPO_ROOT / "configs/translation").glob("*.yaml"):
         assert path.read_text().startswith("# Run:"), path
+
+
+def test_translation_csv_sentences_are_read_as_written(tmp_path):
+    # pandas alone reads a column of numbers ("2024", "1.50") as numbers and "NA" as missing.
+    from pipelines.config import load_config
+    from tasks import get_task
+
+    rows = tmp_path / "train.csv"
+    rows.write_text("de,en\n2024,2024\n1.50,1.50\nNA,NA\n")
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(f"task: translation\noutput_dir: {tmp_path / 'run'}\n"
+                           f"data:\n  files:\n    train: {rows}\n    validation: {rows}\ntranslation: {{source_lang: de, target_lang: en}}\n")
+    task = get_task("translation")(load_config(config_path, [], lambda name: get_task(name).Options))
+    raw = task.load()
+    assert raw["train"]["de"] == ["2024", "1.50", "NA"] and raw["train"]["en"] == ["2024", "1.50", "NA"]
