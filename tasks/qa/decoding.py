@@ -11,6 +11,7 @@ Out: per example the best answer text with its character span, its probability, 
 from __future__ import annotations
 
 import collections
+import unicodedata
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,16 +24,22 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
+def is_invisible(char: str) -> bool:
+    """Whitespace, a control or a format character (zero-width space, byte-order mark, bidi mark)."""
+    return char.isspace() or unicodedata.category(char) in ("Cc", "Cf")
+
+
 def trim_span(context: str, start: int, end: int) -> tuple[int, int] | None:
-    """``[start, end)`` without the whitespace at either end; None when nothing else is left.
+    """``[start, end)`` without the whitespace or invisible characters at either end; None when nothing else is left.
 
     Some tokenizers give a word-initial piece offsets that include the space before it (DeBERTa-v2/v3's
     Metaspace without a whitespace split, ModernBERT's byte-level BPE without offset trimming), and a
-    piece of its own for a lone space marker; the answer is the text, not the space.
+    piece of its own for a lone space marker or a zero-width space; the answer is the text, not the
+    space (which the SQuAD scoring would count against it).
     """
-    while start < end and context[start].isspace():
+    while start < end and is_invisible(context[start]):
         start += 1
-    while end > start and context[end - 1].isspace():
+    while end > start and is_invisible(context[end - 1]):
         end -= 1
     return (start, end) if start < end else None
 

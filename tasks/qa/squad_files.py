@@ -13,13 +13,13 @@ Out: flat rows ``id, title, context, question, answers = {text: [...], answer_st
 from __future__ import annotations
 
 import json
-import unicodedata
 from pathlib import Path
 from typing import Any
 
 from datasets import Dataset, Features, Sequence as SequenceFeature, Value
 
 from pipelines.data import DataError, json_records, naming_undecodable
+from tasks.qa.decoding import is_invisible
 
 EXAMPLE_FEATURES = Features({
     "id": Value("string"),
@@ -133,7 +133,7 @@ def is_blank(text: str) -> bool:
     A zero-width space, a byte-order mark or a bidi mark passes ``str.strip``, yet gives no piece (so no
     span) on most tokenizers and an invisible one on byte-level BPE.
     """
-    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
+    return all(is_invisible(char) for char in text)
 
 
 def check_examples(examples: Dataset, split: str, *, version_2_with_negative: bool | None) -> None:

@@ -294,6 +294,15 @@ def test_qa_postprocess_spans_are_whole_graphemes():
     assert result["prediction_text"] == "e\u0301"
 
 
+def test_qa_postprocess_spans_leave_out_invisible_characters_at_their_edges():
+    # Byte-level BPE gives a zero-width space or a byte-order mark a piece of its own: a span starting or
+    # ending on it read "\u200bParis", which the SQuAD scoring counts as another answer than "Paris".
+    context = "in \u200bParis\ufeff today"
+    offsets = [None, [0, 2], [3, 4], [4, 9], [9, 10], [11, 16], None]
+    (result,) = postprocess_qa_predictions([context], [0], [offsets], [logits(7, p2=9.0)], [logits(7, p4=9.0)], [0], n_best_size=3)
+    assert result["prediction_text"] == "Paris" == context[result["start"] : result["end"]]
+
+
 @pytest.mark.parametrize("answer", ["Jose\u0301", "नमस्ते", "plot "])
 def test_qa_answer_at_the_context_end_is_labelled_and_decoded_whole(tokenizer, answer):
     # The uncased tiny BERT strips the final mark (and no piece covers a trailing space): the answer's
