@@ -6,8 +6,9 @@ Out: ``config.yaml`` (resolved config), ``log.jsonl`` (one record per logging/ev
      steps). ``metrics.json`` is written last, so its presence marks a finished run.
 
 Which folders a run may use (:func:`check_output_dir`): a new or empty one, or its own run folder
-(``config.yaml``) when resuming or, with ``overwrite=true``, replacing it; never a foreign folder, one
-holding the run's inputs, or an unfinished run without one of those two settings.
+(``config.yaml``) when resuming or, with ``overwrite=true``, replacing it (the old run waits beside it
+until the new one has finished); never a foreign folder, one holding the run's inputs, or an unfinished
+run without one of those two settings.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def check_output_dir(config: RunConfig) -> bool:
     Accepted: a new or empty folder; a bertpipe run being resumed; a bertpipe run with
     ``overwrite=true`` that holds none of the run's inputs. Returns True in that last case: the
     caller replaces the old run only after the new one has loaded and validated its data and model
-    (:func:`replace_run_dir`), so a typo in the new config never costs the old run.
+    (:func:`set_aside_run_dir`), so a typo in the new config never costs the old run.
     """
     run_dir = Path(config.output_dir)
     _check_creatable(run_dir)
@@ -123,11 +124,36 @@ def check_output_dir(config: RunConfig) -> bool:
     )
 
 
-def replace_run_dir(run_dir: str | Path) -> None:
-    """Empty the old run's folder (``check_output_dir`` has established it is a run we may replace)."""
+def replaced_run_dir(run_dir: str | Path) -> Path:
+    """Where ``overwrite=true`` keeps the run it replaces until the new run finishes: ``.<name>.replaced`` beside it."""
     run_dir = Path(run_dir)
-    shutil.rmtree(run_dir)
+    return run_dir.with_name(f".{run_dir.name}.replaced")
+
+
+def set_aside_run_dir(run_dir: str | Path) -> Path:
+    """Move the old run (``check_output_dir`` has established it is one we may replace) to
+    :func:`replaced_run_dir` and give the new run an empty folder; returns where the old run is.
+
+    Deleted at once, the old run was lost to a full disk, a crash or Ctrl-C in the new one; it is
+    deleted when the new run has finished (:func:`drop_replaced_run`). A folder set aside by an earlier
+    replacement that never finished is the last finished run and stays; the unfinished replacement
+    in ``run_dir`` is what this command replaces.
+    """
+    run_dir = Path(run_dir)
+    aside = replaced_run_dir(run_dir)
+    if aside.exists() and not (run_dir / METRICS_FILE).exists():
+        shutil.rmtree(run_dir)
+    else:
+        if aside.exists():  # the replacement finished but stopped before removing it
+            shutil.rmtree(aside)
+        os.replace(run_dir, aside)
     run_dir.mkdir(parents=True)
+    return aside
+
+
+def drop_replaced_run(run_dir: str | Path) -> None:
+    """Delete the run a finished run replaced (nothing when it replaced none)."""
+    shutil.rmtree(replaced_run_dir(run_dir), ignore_errors=True)
 
 
 def write_text_atomically(path: Path, text: str) -> None:

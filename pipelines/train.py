@@ -83,7 +83,8 @@ def train(
     """
     # Everything that can refuse the run is checked before anything in output_dir changes: the folder
     # rules, the resume settings, then data, tokenizer, model, sequence length and the checkpoint's
-    # tensors. Only then is an old run replaced (overwrite=true) and the new config written.
+    # tensors. Only then is an old run set aside (overwrite=true: deleted once this run has finished) and
+    # the new config written.
     replace_old_run, resume_folder = _check_run_settings(config, task)
     run_dir = Path(config.output_dir)
     accelerator = build_accelerator(config)
@@ -312,13 +313,14 @@ def _train_collator(config: RunConfig, task: Task, model: torch.nn.Module, train
 def _open_run_dir(
     accelerator, config: RunConfig, state: TrainerState, tokenizer, *, replace_old_run: bool, on_start: Callable[[Path], None] | None,
 ) -> outputs.StepLog | None:
-    """Replace an old run (overwrite=true), write ``config.yaml`` and the tokenizer, start the trackers
+    """Set an old run aside (overwrite=true), write ``config.yaml`` and the tokenizer, start the trackers
     and the step log (the main process's; None on the others)."""
     run_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         with failures_named(outputs.OutputDirError, f"output_dir {run_dir}"):
             if replace_old_run:
-                outputs.replace_run_dir(run_dir)
+                aside = outputs.set_aside_run_dir(run_dir)
+                logger.warning("overwrite=true: the run this one replaces is kept in %s until this one has finished", aside)
             run_dir.mkdir(parents=True, exist_ok=True)
             outputs.save_config(config, run_dir)
             # From the start, not only with the model: a resume must read the tokenizer this run
@@ -389,8 +391,10 @@ def _finish_run(
             outputs.plot_training_curves(log_history, run_dir / outputs.PLOT_FILE)
             write_model_card(run_dir, config, task, summary)
             outputs.write_json(run_dir / outputs.METRICS_FILE, summary)
-            # After metrics.json: a resume of a run that failed before it reloads the best model from here.
+            # After metrics.json: a resume of a run that failed before it reloads the best model from here,
+            # and the run it replaces (overwrite=true) is kept until this one is complete.
             shutil.rmtree(run_dir / BEST_MODEL_DIR, ignore_errors=True)
+            outputs.drop_replaced_run(run_dir)
             step_log.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import sentiment_rows, write_jsonl
-from tests.faults.conftest import bertpipe_in_process
+from tests.faults.conftest import bertpipe_in_process, tree_hashes
 
 
 def new_dir(tmp_path: Path) -> str:
@@ -70,7 +70,8 @@ def test_faults_config_unknown_key_and_wrong_type(refused, finished_run, tmp_pat
         ("empty_label.csv", "sentence,label\ngood film,positive\nbad film,\ndull,negative\n", ["split 'train'", "row 2", "empty 'label' cell"]),
         ("empty_text.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "", "label": "negative"}\n', ["split 'train'", "row 2", "empty 'sentence' cell"]),
         ("latin1.jsonl", None, ["line 1", "not valid utf-8", "data.encoding"]),
-        ("numbers.csv", "sentence,label\n1,positive\n2,negative\n", ["column 'sentence' holds different types", "int64", "string"]),
+        # JSON numbers are numbers (a csv cell of digits is text: its text column is read as written)
+        ("numbers.jsonl", '{"sentence": 1, "label": "positive"}\n{"sentence": 2, "label": "negative"}\n', ["column 'sentence' holds different types", "int64", "string"]),
         ("mixed.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad", "label": ["negative"]}\n', ["row 2", "'label' holds a list where row 1 holds a str"]),
     ],
 )
@@ -214,6 +215,53 @@ def test_faults_overwrite_replaces_a_run_after_validation(capsys, finished_run, 
     assert not (run_copy / "checkpoints").exists(), "the old run's checkpoints were kept beside the new run"
 
 
+def test_faults_overwrite_keeps_the_old_run_until_the_new_one_has_finished(capsys, caplog, finished_run, run_copy, monkeypatch):
+    # Deleted when the new run started, the old run was lost to a full disk (or a crash, Ctrl-C) in the
+    # new one. It waits beside it, byte for byte, and goes when the resumed replacement finishes.
+    from accelerate import Accelerator
+
+    from pipelines.outputs import replaced_run_dir
+
+    old = tree_hashes(run_copy)
+    save_state = Accelerator.save_state
+
+    def full_at_the_second_checkpoint(self, output_dir=None, **kwargs):
+        if str(output_dir).endswith("step-00000004.partial"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(output_dir))
+        return save_state(self, output_dir, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "save_state", full_at_the_second_checkpoint)
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_copy}", "overwrite=true", "seed=7")
+    assert status == 2 and "No space left on device" in stderr, stderr[-3000:]
+    aside = replaced_run_dir(run_copy)
+    assert f"kept in {aside}" in caplog.text
+    assert tree_hashes(aside) == {path.replace(str(run_copy), str(aside), 1): digest for path, digest in old.items()}
+    assert not (run_copy / "metrics.json").exists()
+
+    monkeypatch.undo()
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={run_copy}", "seed=7",
+                                         "train.resume_from_checkpoint=latest")
+    assert status == 0, stderr[-3000:]
+    assert (run_copy / "metrics.json").is_file() and not aside.exists()
+
+
+def test_faults_a_second_overwrite_keeps_the_last_finished_run(tmp_path):
+    from pipelines.outputs import replaced_run_dir, set_aside_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text("{}")
+    (run / "model").write_text("finished")
+    aside = set_aside_run_dir(run)
+    assert aside == replaced_run_dir(run) and (aside / "model").read_text() == "finished" and not any(run.iterdir())
+    (run / "model").write_text("unfinished replacement")  # stopped before metrics.json
+    assert set_aside_run_dir(run) == aside and (aside / "model").read_text() == "finished" and not any(run.iterdir())
+    (run / "metrics.json").write_text("{}")  # a replacement that finished but stopped before dropping the old run
+    (run / "model").write_text("newer")
+    set_aside_run_dir(run)
+    assert (aside / "model").read_text() == "newer"
+
+
 # ----- resume -------------------------------------------------------------------------------------
 def test_faults_resume_with_other_trajectory_settings_lists_each(refused, finished_run, run_copy):
     (run_copy / "metrics.json").unlink()
@@ -344,7 +392,7 @@ def test_faults_predict_output_is_the_input(refused, run_copy, tmp_path):
     ("name", "content", "needles"),
     [("empty.jsonl", "", ["is empty"]), ("prose.jsonl", "this is not json\n", ["line 1: not valid JSON"]),
      ("empty.txt", "\n\n", ["holds no examples"]), ("blank_cell.csv", "sentence\ngood\n\"\"\n", ["row 2", "empty 'sentence' cell"]),
-     ("numbers.csv", "sentence\n1\n2\n", ["'sentence' holds int64 values, not text"])],
+     ("numbers.jsonl", '{"sentence": 1}\n{"sentence": 2}\n', ["'sentence' holds int64 values, not text"])],
 )
 def test_faults_predict_bad_input(refused, run_copy, tmp_path, name, content, needles):
     inputs = tmp_path / name
