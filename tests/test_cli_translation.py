@@ -128,13 +128,30 @@ def test_cli_translation_pipeline_truncates_long_sources_like_predict(trained_ru
     assert [row["translation_text"] for row in translator(sources)] == [row["translation_text"] for row in rows]
 
 
+def test_cli_translation_predict_keeps_rows_in_place_and_says_what_was_cut(trained_run, tmp_path):
+    """Rows with an empty source were dropped (empty_lines=skip), so output row i was no longer input row i; long
+    sources and translations stopped by max_new_tokens were cut without a word."""
+    from tests.tasks.translation_data import TOY_WORDS
+
+    sources = ["film story", "", " ".join(TOY_WORDS * 4), "plot very actors"]
+    write_jsonl(tmp_path / "inputs.jsonl", [{"de": source, "id": index} for index, source in enumerate(sources)])
+    result = run_cli("predict", str(trained_run), "--input", str(tmp_path / "inputs.jsonl"), "--output", str(tmp_path / "out.jsonl"),
+                     "translation.empty_lines=skip", "translation.max_new_tokens=2")
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row["source"] for row in rows] == sources and rows[1]["translation_text"] == ""
+    assert "1 row(s) with an empty 'de' (rows 2, counting from 1) are not translated" in result.stderr
+    assert "1 of 4 source(s) (rows 3, counting from 1) are longer than data.max_seq_length=16 tokens (the longest has 26)" in result.stderr
+    assert "of 4 translation(s) (rows 1, 3, 4, counting from 1, in output order) reached translation.max_new_tokens=2" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_cli_translation_empty_target_is_an_error_naming_the_row(tmp_path, tiny_bert, copy_files):
     rows = copy_rows(8, seed=4)
     rows[5]["en"] = "   "
     files = {"train": write_jsonl(tmp_path / "train.jsonl", rows), "validation": copy_files["validation"]}
     result = run_cli("train", str(translation_config(tmp_path, tiny_bert, files)), check=False)
     assert result.returncode == 2
-    assert "rows 5" in result.stderr and "empty_lines=skip" in result.stderr and "Traceback" not in result.stderr
+    assert "rows 6, counting from 1" in result.stderr and "empty_lines=skip" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_cli_translation_lora_adapter_run_trains_and_reloads(tmp_path, tiny_bert, copy_files, trained_run):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from tasks.translation.build import TranslationModelBuilding
 from tasks.translation.data import empty_rows, strip_decoder_start, to_language_columns
-from tasks.translation.generation import decode, generated_lengths, tokenizer_lowercases
+from tasks.translation.generation import cut_generations, decode, generated_lengths, tokenizer_lowercases
 from tasks.translation.model import (
     check_decoder_config,
     drop_encoder_pooler,
@@ -43,7 +43,7 @@ from tasks.translation.task import TranslationTask
 
 __all__ = [
     "GENERATED_KEY", "GENERATIONS_FILE", "SIGNATURE_FILE", "TranslationModelBuilding", "TranslationOptions", "TranslationPipeline",
-    "TranslationTask", "check_decoder_config", "decode", "drop_encoder_pooler", "empty_rows", "generated_lengths",
+    "TranslationTask", "check_decoder_config", "cut_generations", "decode", "drop_encoder_pooler", "empty_rows", "generated_lengths",
     "is_seq2seq_config", "register_translation_pipeline", "strip_decoder_start", "t5_prefix", "tie_encoder_decoder_weights",
     "to_language_columns", "tokenizer_lowercases",
 ]

@@ -2,9 +2,10 @@
 
 In:  a split in the flat layout (one column per language) or the WMT layout (a ``translation`` column of
      ``{lang: text}`` dicts); for features, a batch of source/target texts and the tokenizer.
-Out: the split with one text column per requested language (errors name split, row and key), the rows
-     whose text is empty, and ``input_ids``/``attention_mask``/``labels`` (labels without a leading decoder
-     start token, which the model prepends itself).
+Out: the split with one text column per requested language (errors name split, row and key; rows count
+     from 1), the rows whose text is empty, and ``input_ids``/``attention_mask``/``labels`` (labels without a
+     leading decoder start token, which the model prepends itself) with each text's length before truncation
+     (``source_length``/``target_length``, for the task to say what was cut; it removes them).
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ def to_language_columns(split: Dataset, languages: list[str], translation_column
 
 def _unpack_translation(batch: dict, indices: list[int], *, languages: list[str], translation_column: str, split_name: str) -> dict:
     columns: dict[str, list[str]] = {lang: [] for lang in languages}
-    for row, pair in zip(indices, batch[translation_column]):
+    for index, pair in zip(indices, batch[translation_column]):
+        row = f"row {index + 1} (rows count from 1)"
         if not isinstance(pair, dict):
-            raise DataError(f"split {split_name!r}, row {row}: {translation_column!r} holds {type(pair).__name__}, not a {{lang: text}} dict")
+            raise DataError(f"split {split_name!r}, {row}: {translation_column!r} holds {type(pair).__name__}, not a {{lang: text}} dict")
         for lang in languages:
             if pair.get(lang) is None:
                 present = sorted(key for key, value in pair.items() if value is not None)
-                raise DataError(f"split {split_name!r}, row {row}: the {translation_column!r} dict has languages {present}, not {lang!r}")
+                raise DataError(f"split {split_name!r}, {row}: the {translation_column!r} dict has languages {present}, not {lang!r}")
             if not isinstance(pair[lang], str):
-                raise DataError(f"split {split_name!r}, row {row}: the {translation_column!r} dict holds {type(pair[lang]).__name__} "
+                raise DataError(f"split {split_name!r}, {row}: the {translation_column!r} dict holds {type(pair[lang]).__name__} "
                                 f"under {lang!r}, not text")
             columns[lang].append(pair[lang])
     return columns
@@ -80,12 +82,43 @@ def strip_decoder_start(label_ids: list[int], decoder_start_token_id: int | None
     return label_ids
 
 
+def row_list(rows: list[int], shown: int = 5) -> str:
+    """0-based row indices -> "2, 5, 9 and 3 more" counting from 1, as pipelines.data's messages do."""
+    text = ", ".join(str(row + 1) for row in rows[:shown])
+    return text + (f" and {len(rows) - shown} more" if len(rows) > shown else "")
+
+
+def _encode(tokenizer, texts: list[str], max_length: int, *, target: bool, **kwargs) -> tuple[dict, list[int]]:
+    """``texts`` tokenised (as targets: ``text_target``) and truncated to ``max_length``, and each one's
+    length before truncation.
+
+    Only the texts that are too long are tokenised a second time, with truncation (which keeps the special
+    tokens), so a corpus that fits costs one pass. ``verbose=False``: a text longer than the tokenizer's
+    ``model_max_length`` is expected here and cut below.
+    """
+    def tokenize(some: list[str], **more):
+        return tokenizer(text_target=some, **kwargs, **more) if target else tokenizer(some, **kwargs, **more)
+
+    encoded = tokenize(texts, verbose=False)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    long = [row for row, length in enumerate(lengths) if length > max_length]
+    if long:
+        cut = tokenize([texts[row] for row in long], max_length=max_length, truncation=True)
+        for key in encoded:
+            for position, row in enumerate(long):
+                encoded[key][row] = cut[key][position]
+    return dict(encoded), lengths
+
+
 def _tokenize(batch: dict[str, list], *, tokenizer, source_column: str, target_column: str | None, prefix: str,
               max_source_length: int, max_target_length: int, decoder_start_token_id: int | None) -> dict:
     """Module-level (not a closure) so that ``datasets`` can hash it and cache the result."""
-    sources = [prefix + text for text in batch[source_column]]
-    encoded = tokenizer(sources, max_length=max_source_length, truncation=True, return_token_type_ids=False)
+    # A predict input row without a source (kept in place, translated as "") tokenises as "".
+    sources = [prefix + (text or "") for text in batch[source_column]]
+    encoded, source_lengths = _encode(tokenizer, sources, max_source_length, target=False, return_token_type_ids=False)
+    encoded["source_length"] = source_lengths
     if target_column is not None:
-        labels = tokenizer(text_target=batch[target_column], max_length=max_target_length, truncation=True)["input_ids"]
-        encoded["labels"] = [strip_decoder_start(ids, decoder_start_token_id) for ids in labels]
-    return dict(encoded)
+        labels, target_lengths = _encode(tokenizer, batch[target_column], max_target_length, target=True)
+        encoded["target_length"] = target_lengths
+        encoded["labels"] = [strip_decoder_start(ids, decoder_start_token_id) for ids in labels["input_ids"]]
+    return encoded

@@ -1,8 +1,9 @@
 """Generated token ids -> text and lengths, and whether case can be scored.
 
 In:  ``generate()``'s padded id rows (decoder start first), the end and pad token ids, the tokenizer.
-Out: tokens generated per row up to the first end token (``gen_len``), detokenised hypotheses, and whether
-     the tokenizer lowercases (then BLEU/chrF are case-insensitive).
+Out: tokens generated per row up to the first end token (``gen_len``), which rows stopped at the length
+     limit rather than ending, detokenised hypotheses, and whether the tokenizer lowercases (then BLEU/chrF are
+     case-insensitive).
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ def generated_lengths(generated: np.ndarray, eos_token_id: int | list[int] | Non
     until_pad = (body != pad_token_id).sum(axis=1)
     first_end = np.where(is_end.any(axis=1), is_end.argmax(axis=1) + 1, until_pad)
     return first_end
+
+
+def cut_generations(gen_lens: np.ndarray, generated: np.ndarray, eos_token_id: int | list[int] | None,
+                    max_new_tokens: int, forced_eos_token_id: int | list[int] | None) -> np.ndarray:
+    """Rows that stopped because they reached ``max_new_tokens``, not because the model ended them.
+
+    ``gen_lens`` is :func:`generated_lengths` of ``generated``. A row that reached the limit without an end
+    token is cut. One whose end token falls exactly at the limit is cut too when ``forced_eos_token_id`` is
+    set (Marian, BART): generate() forces that token at the last step, so it says nothing about the model.
+    """
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    ended = np.isin(generated[:, 1:], eos).any(axis=1) if eos else np.zeros(len(generated), dtype=bool)
+    reached = gen_lens >= max_new_tokens
+    return reached & ~ended if forced_eos_token_id is None else reached
 
 
 def decode(tokenizer, generated: np.ndarray) -> list[str]:

@@ -49,7 +49,9 @@ class TranslationOptions(TaskOptions):
     early_stopping: bool = True
     """Stop beam search once ``num_beams`` finished hypotheses exist."""
     empty_lines: Literal["error", "skip"] = "error"
-    """Pairs with an empty source or target: fail (naming them), or drop them with a warning."""
+    """Pairs with an empty source or target: fail (naming them), or drop them with a warning. A ``bertpipe
+    predict`` input row with an empty source is kept with an empty ``translation_text`` instead, so that
+    output row i stays input row i."""
     bleu_tokenize: Literal["13a", "intl", "none", "char", "zh", "flores101", "flores200"] = "13a"
     lowercase_metrics: bool | None = None
     """Case-insensitive BLEU/chrF; ``null`` = exactly when the tokenizer lowercases (uncased BERT)."""

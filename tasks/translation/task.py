@@ -2,8 +2,10 @@
 
 In:  a ``RunConfig`` whose ``task_options`` are ``TranslationOptions``; the loop hands it raw splits, features,
      batches and the model's generations.
-Out: pairs as ``source_lang``/``target_lang`` columns (empty pairs refused or skipped), token features, the
-     collators, ``generate()`` outputs per batch, hypotheses, metrics ``bleu``/``chrf`` (sacreBLEU) and
+Out: pairs as ``source_lang``/``target_lang`` columns (empty pairs refused or skipped; predict inputs keep
+     their rows, one output row per input row), token features (a warning says how many sources or training
+     targets were cut to their length limit), the collators, ``generate()`` outputs per batch, hypotheses (a
+     warning says how many stopped at ``max_new_tokens``), metrics ``bleu``/``chrf`` (sacreBLEU) and
      ``gen_len``, prediction rows, and ``generations.jsonl`` + ``sacrebleu_signature.json`` in the run directory.
      Which model and tokenizer it builds is :class:`tasks.translation.build.TranslationModelBuilding`'s part.
 """
@@ -25,8 +27,8 @@ from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
 from pipelines.task import TaskBase
 from tasks.translation.build import TranslationModelBuilding
-from tasks.translation.data import _tokenize, empty_rows, require_language_text, to_language_columns
-from tasks.translation.generation import decode, generated_lengths
+from tasks.translation.data import _tokenize, empty_rows, require_language_text, row_list, to_language_columns
+from tasks.translation.generation import cut_generations, decode, generated_lengths
 from tasks.translation.options import GENERATED_KEY, GENERATIONS_FILE, SIGNATURE_FILE, TranslationOptions
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         self.lowercase: bool = False
         self.signatures: dict[str, str] = {}
         self._metrics: dict[str, Any] = {}
+        self._input_where = "--input"  # load_inputs names the file
 
     # ----- data -------------------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
@@ -82,19 +85,22 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         src, tgt = self.options.source_lang, self.options.target_lang
         split = to_language_columns(split, [src, tgt], self.options.translation_column, split_name)
         require_language_text(split, [src, tgt], f"split {split_name!r} ({split_source(self.config.data, split_name)})")
-        return self._handle_empty(split, [src, tgt], split_name)
+        return self._handle_empty(split, [src, tgt], f"split {split_name!r}")
 
-    def _handle_empty(self, split: Dataset, columns: list[str], split_name: str) -> Dataset:
+    def _handle_empty(self, split: Dataset, columns: list[str], where: str, *, inputs: bool = False) -> Dataset:
+        """Rows with an empty source (or target): an error naming them, or with empty_lines=skip dropped from a
+        split; predict inputs keep them (translated as "", see postprocess) so that output row i is input row i."""
         empty = empty_rows(split, columns)
         if not empty:
             return split
-        shown = ", ".join(str(row) for row in empty[:10]) + (" ..." if len(empty) > 10 else "")
+        named = f"{len(empty)} row(s) with an empty {' or '.join(repr(c) for c in columns)} (rows {row_list(empty, 10)}, counting from 1)"
         if self.options.empty_lines == "error":
-            raise DataError(
-                f"split {split_name!r}: {len(empty)} row(s) have an empty {' or '.join(repr(c) for c in columns)} "
-                f"(rows {shown}, counting from 0); set translation.empty_lines=skip to drop them"
-            )
-        logger.warning("split %r: skipping %d row(s) with an empty %s (rows %s)", split_name, len(empty), "/".join(columns), shown)
+            action = "give them an empty translation" if inputs else "drop them"
+            raise DataError(f"{where}: {named}; set translation.empty_lines=skip to {action}")
+        if inputs:
+            logger.warning("%s: %s are not translated; their translation_text is empty", where, named)
+            return split
+        logger.warning("%s: skipping %s", where, named)
         drop = set(empty)
         return split.select([row for row in range(len(split)) if row not in drop])
 
@@ -111,8 +117,9 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
                     f"input file {path} has no {src!r} field (the source language), no "
                     f"{self.options.translation_column!r} dict and no 'text' field; columns: {inputs.column_names}"
                 )
-        require_language_text(inputs, [src], f"--input {path}")
-        return self._handle_empty(inputs, [src], f"input {path}")
+        self._input_where = f"--input {path}"
+        require_language_text(inputs, [src], self._input_where)
+        return self._handle_empty(inputs, [src], self._input_where, inputs=True)
 
     # ----- features -----------------------------------------------------------------------
     def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
@@ -120,7 +127,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         # A fine-tuned BERT2BERT given as model.name_or_path is a seq2seq checkpoint whose decoder start is
         # still [CLS]: the rule is the decoder start, not how the run began.
         decoder_start = self._special_ids()["decoder_start_token_id"] if self.warm_start else self.checkpoint_decoder_start
-        return examples.map(
+        features = examples.map(
             _tokenize, batched=True, remove_columns=examples.column_names,
             num_proc=self.config.data.preprocessing_num_workers,
             fn_kwargs={
@@ -133,6 +140,28 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
             },
             desc="tokenising",
         )
+        split = self.config.data.train_split if train else self.config.data.eval_split
+        self._warn_of_cut_texts(features, self._input_where if inputs else f"split {split!r}", train=train, inputs=inputs)
+        return features.remove_columns([column for column in ("source_length", "target_length") if column in features.column_names])
+
+    def _warn_of_cut_texts(self, features: Dataset, where: str, *, train: bool, inputs: bool) -> None:
+        """Truncation is silent in the tokenizer: a cut source is translated without its end, a cut training
+        target teaches the model to stop there. Say so once per split or input file, with the longest length."""
+        checks = [("source_length", "source(s)", self.config.data.max_seq_length, "data.max_seq_length",
+                   "their translations leave the rest out")]
+        if train:
+            checks.append(("target_length", "target(s)", self.options.max_target_length, "translation.max_target_length",
+                           "the model learns to end translations early"))
+        for column, noun, limit, key, effect in checks:
+            lengths = features.with_format("arrow")[column].to_numpy()
+            cut = np.flatnonzero(lengths > limit).tolist()
+            if not cut:
+                continue
+            rows = f" (rows {row_list(cut)}, counting from 1)" if inputs else ""
+            logger.warning(
+                "%s: %d of %d %s%s are longer than %s=%d tokens (the longest has %d) and are cut there, so %s; raise %s",
+                where, len(cut), len(lengths), noun, rows, key, limit, int(lengths.max()), effect, key,
+            )
 
     def collator(self, *, train: bool):
         if train:
@@ -153,9 +182,23 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
 
     def postprocess(self, outputs: dict[str, np.ndarray], features: Dataset, examples: Dataset) -> dict[str, Any]:
         generated = outputs[GENERATED_KEY]
-        eos = self.model.generation_config.eos_token_id if self.model is not None else self.tokenizer.eos_token_id
+        generation = self.model.generation_config if self.model is not None else None
+        eos = generation.eos_token_id if generation is not None else self.tokenizer.eos_token_id
         gen_lens = generated_lengths(generated, eos, self.tokenizer.pad_token_id)
         hypotheses = decode(self.tokenizer, generated)
+        # Predict input rows without a source stay in place (empty_lines=skip): there was nothing to translate.
+        empty = empty_rows(examples, [self.options.source_lang])
+        for row in empty:
+            hypotheses[row] = ""
+        if generation is not None and generation.max_new_tokens:
+            cut = cut_generations(gen_lens, generated, eos, generation.max_new_tokens, generation.forced_eos_token_id)
+            cut[empty] = False
+            if cut.any():
+                logger.warning(
+                    "%d of %d translation(s) (rows %s, counting from 1, in output order) reached translation.max_new_tokens=%d "
+                    "without ending and are cut there; raise translation.max_new_tokens",
+                    int(cut.sum()), len(cut), row_list(np.flatnonzero(cut).tolist()), generation.max_new_tokens,
+                )
         return {"hypotheses": hypotheses, "gen_lens": gen_lens}
 
     def _metric(self, name: str):

@@ -23,12 +23,13 @@ from tasks.translation import (
     empty_rows,
     generated_lengths,
     strip_decoder_start,
+    cut_generations,
     tie_encoder_decoder_weights,
     to_language_columns,
     tokenizer_lowercases,
 )
 from tests.conftest import REPO_ROOT, write_jsonl
-from tests.tasks.translation_data import build_tiny_marian, copy_rows, wmt_rows
+from tests.tasks.translation_data import TOY_WORDS, build_tiny_marian, copy_rows, wmt_rows
 
 OPTIONS = lambda name: get_task(name).Options  # noqa: E731
 
@@ -69,7 +70,7 @@ def test_translation_to_language_columns_keeps_flat_columns():
 
 def test_translation_missing_language_key_names_row_and_languages():
     split = Dataset.from_list([{"translation": {"de": "ein film", "en": "a film"}}, {"translation": {"de": "gut", "fr": "bon"}}])
-    with pytest.raises(DataError, match=r"row 1.*\['de', 'fr'\].*'en'"):
+    with pytest.raises(DataError, match=r"row 2 \(rows count from 1\).*\['de', 'fr'\].*'en'"):
         to_language_columns(split, ["de", "en"], "translation", "train")
 
 
@@ -88,7 +89,7 @@ def test_translation_empty_lines_fail_or_are_skipped_as_configured(tmp_path, tin
     rows = copy_rows(6, seed=3)
     rows[2]["en"] = ""
     task = make_task(tmp_path, tiny_bert, rows=rows)
-    with pytest.raises(DataError, match=r"split 'train': 1 row\(s\).*rows 2.*empty_lines=skip"):
+    with pytest.raises(DataError, match=r"split 'train': 1 row\(s\).*rows 3, counting from 1.*empty_lines=skip"):
         task.load()
     skipping = make_task(tmp_path, tiny_bert, rows=rows, overrides=["translation.empty_lines=skip"])
     assert len(skipping.load()["train"]) == 5
@@ -131,6 +132,50 @@ def test_translation_source_or_target_that_is_not_text_names_split_and_column(tm
         with pytest.raises(DataError, match=rf"--input {re.escape(str(path))}: column 'de' holds Json values, not text"):
             make_task(tmp_path, tiny_bert).load_inputs(str(path))
 
+def test_translation_predict_keeps_rows_with_an_empty_source_in_place(tmp_path, tiny_bert, caplog):
+    """With empty_lines=skip, predict dropped such rows: output row i was no longer input row i."""
+    task = make_task(tmp_path, tiny_bert, overrides=["translation.empty_lines=skip"])
+    task.build_tokenizer(None)
+    path = write_jsonl(tmp_path / "test.jsonl", [{"de": "film story"}, {"de": " "}, {"de": None}, {"de": "plot very"}])
+    with caplog.at_level("WARNING"):
+        examples = task.load_inputs(str(path))
+    assert examples["de"] == ["film story", " ", None, "plot very"]
+    assert "2 row(s) with an empty 'de' (rows 2, 3, counting from 1) are not translated" in caplog.text
+    features = task.preprocess(examples, train=False, inputs=True)
+    assert len(features) == 4
+    generated = np.array([[101, 7, 102]] * 4)  # whatever the model made of the empty rows, they stay empty
+    predictions = task.postprocess({"generated_tokens": generated}, features, examples)
+    rows = task.format_predictions(predictions, examples)
+    assert [row["translation_text"] == "" for row in rows] == [False, True, True, False]
+    with pytest.raises(DataError, match=r"--input .*rows 2, 3, counting from 1.*empty_lines=skip to give them an empty translation"):
+        make_task(tmp_path, tiny_bert).load_inputs(str(path))
+
+
+def test_translation_preprocess_warns_once_of_sources_and_targets_cut_to_their_limit(tmp_path, tiny_bert, caplog):
+    """Sources longer than data.max_seq_length and targets longer than max_target_length were cut in silence."""
+    rows = copy_rows(24, seed=1)
+    rows[4]["de"] = " ".join(TOY_WORDS * 5)  # 30 words + [CLS] [SEP]
+    rows[9]["de"] = " ".join(TOY_WORDS * 3)
+    rows[7]["en"] = " ".join(TOY_WORDS * 2)
+    task = make_task(tmp_path, tiny_bert, rows=rows, overrides=["translation.max_target_length=10"])
+    raw = task.load()
+    task.build_tokenizer(raw)
+    with caplog.at_level("WARNING"):
+        features = task.preprocess(raw["train"], train=True)
+    assert set(features.column_names) == {"input_ids", "attention_mask", "labels"}
+    assert max(len(ids) for ids in features["input_ids"]) == 16 and max(len(ids) for ids in features["labels"]) == 9
+    assert features[4]["input_ids"][-1] == task.tokenizer.sep_token_id  # cut, still ended
+    warnings = [record.getMessage() for record in caplog.records if "cut there" in record.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert "split 'train': 2 of 24 source(s) are longer than data.max_seq_length=16 tokens (the longest has 32)" in warnings[0]
+    assert "1 of 24 target(s) are longer than translation.max_target_length=10 tokens (the longest has 14)" in warnings[1]
+    caplog.clear()
+    path = write_jsonl(tmp_path / "test.jsonl", [{"de": "film story"}, {"de": " ".join(TOY_WORDS * 4)}])
+    with caplog.at_level("WARNING"):
+        task.preprocess(task.load_inputs(str(path)), train=False, inputs=True)
+    assert f"--input {path}: 1 of 2 source(s) (rows 2, counting from 1) are longer than data.max_seq_length=16" in caplog.text
+
+
 # ----- labels, collation ------------------------------------------------------------------
 def test_translation_strip_decoder_start_drops_only_a_leading_start_token():
     assert strip_decoder_start([2, 7, 8, 3], 2) == [7, 8, 3]
@@ -143,6 +188,26 @@ def test_translation_generated_lengths_stop_at_the_first_end_token():
     generated = np.array([[2, 7, 8, 3, 3, 3], [2, 7, 8, 9, 5, 3], [2, 7, 3, 0, 0, 0], [2, 7, 8, 9, 5, 6]])
     assert generated_lengths(generated, 3, 0).tolist() == [3, 5, 2, 5]
     assert generated_lengths(generated, [3, 9], 0).tolist() == [3, 3, 2, 3]
+
+
+def test_translation_cut_generations_are_the_rows_stopped_by_max_new_tokens():
+    # decoder start 2, end 3, pad 0; max_new_tokens 4
+    generated = np.array([[2, 7, 8, 9, 5], [2, 7, 8, 9, 3], [2, 7, 3, 0, 0], [2, 7, 8, 3, 3]])
+    gen_lens = generated_lengths(generated, 3, 0)
+    assert cut_generations(gen_lens, generated, 3, 4, None).tolist() == [True, False, False, False]
+    # With forced_eos_token_id, generate() puts the end token at the limit itself: row 2 was cut as well.
+    assert cut_generations(gen_lens, generated, 3, 4, 3).tolist() == [True, True, False, False]
+
+
+def test_translation_postprocess_warns_of_translations_cut_at_max_new_tokens(tmp_path, caplog):
+    task = make_task(tmp_path, build_tiny_marian(tmp_path / "marian"))
+    task.build_tokenizer(None)
+    task.build_model(None)  # max_new_tokens 7; Marian forces its end token (1) at the limit
+    examples = Dataset.from_list([{"de": "der film"}] * 3)
+    generated = np.array([[0, 3, 4, 5, 6, 7, 8, 1], [0, 3, 4, 1, 0, 0, 0, 0], [0, 3, 4, 5, 6, 7, 8, 9]])
+    with caplog.at_level("WARNING"):
+        task.postprocess({"generated_tokens": generated}, None, examples)
+    assert "2 of 3 translation(s) (rows 1, 3, counting from 1, in output order) reached translation.max_new_tokens=7" in caplog.text
 
 
 def test_translation_tokenizer_lowercases_detects_uncased_wordpiece(tiny_bert, tmp_path):
