@@ -48,6 +48,14 @@ def f1_score(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def v1_f1_score(prediction: str, reference: str) -> float:
+    """``evaluate-v1.1.py``'s F1, which has no "no answer" to agree on: answers sharing no token score 0,
+    even when both normalise to nothing (gold "The", predicted "the": EM 1 but F1 0 there)."""
+    if not normalize_answer(prediction) or not normalize_answer(reference):
+        return 0.0
+    return f1_score(prediction, reference)
+
+
 def squad_v1_scores(predictions: Mapping[str, str], references: Mapping[str, Iterable[str]]) -> dict[str, float]:
     """``evaluate-v1.1.py``: the mean over questions of the max over references, in percent.
 
@@ -60,7 +68,7 @@ def squad_v1_scores(predictions: Mapping[str, str], references: Mapping[str, Ite
             continue
         prediction = predictions[qid]
         exact += max(exact_match_score(prediction, answer) for answer in answers)
-        f1 += max(f1_score(prediction, answer) for answer in answers)
+        f1 += max(v1_f1_score(prediction, answer) for answer in answers)
     total = len(references)
     return {"exact_match": 100.0 * exact / total, "f1": 100.0 * f1 / total}
 
@@ -121,7 +129,9 @@ def squad_v2_scores(
     ``no_answer_threshold`` = 1.0 (the official default) leaves the predicted texts as they are.
     """
     references = {qid: list(answers) for qid, answers in references.items()}
-    has_answer = {qid: any(normalize_answer(answer) for answer in answers) for qid, answers in references.items()}
+    # As the official script: any gold text makes a question answerable (HasAns), even one that normalises
+    # to nothing ("The", "."), though it is then scored against "" (see _raw_v2_scores).
+    has_answer = {qid: bool(answers) for qid, answers in references.items()}
     exact_raw, f1_raw = _raw_v2_scores(predictions, references)
     na_probs = {qid: float(no_answer_probabilities.get(qid, 0.0)) for qid in references}
     exact = _apply_no_answer_threshold(exact_raw, na_probs, has_answer, no_answer_threshold)

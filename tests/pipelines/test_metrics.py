@@ -43,3 +43,30 @@ def test_metrics_correlations_agree_with_scipy():
     assert load_metric("spearmanr").compute(predictions=predictions, references=references)["spearmanr"] == pytest.approx(
         stats.spearmanr(references, predictions).statistic
     )
+
+
+def _squad_references(gold: dict[str, list[str]]) -> list[dict]:
+    return [{"id": qid, "answers": {"text": texts, "answer_start": [0] * len(texts)}} for qid, texts in gold.items()]
+
+
+def test_metrics_squad_v1_f1_is_zero_for_answers_that_normalise_to_nothing():
+    # evaluate-v1.1.py: "The" vs "the" is an exact match but shares no token after normalisation, so F1 0.
+    predictions = [{"id": "1", "prediction_text": "the"}, {"id": "2", "prediction_text": "Paris"}]
+    scores = load_metric("squad").compute(predictions=predictions, references=_squad_references({"1": ["The"], "2": ["Paris"]}))
+    assert scores == pytest.approx({"exact_match": 100.0, "f1": 50.0})
+
+
+def test_metrics_squad_v2_gold_text_normalising_to_nothing_is_has_answer():
+    # evaluate-v2.0.py counts a question with any gold text as HasAns (bool(answers)), even "The".
+    gold = {"q1": ["The"], "q2": [], "q3": ["Paris"]}
+    predictions = {"q1": ("", 0.9), "q2": ("", 0.8), "q3": ("Paris", 0.1)}
+    rows = [{"id": qid, "prediction_text": text, "no_answer_probability": na} for qid, (text, na) in predictions.items()]
+    metric = load_metric("squad_v2")
+    scores = metric.compute(predictions=rows, references=_squad_references(gold))
+    assert (scores["HasAns_total"], scores["NoAns_total"]) == (2, 1)
+    assert scores["HasAns_exact"] == scores["NoAns_exact"] == 100.0
+    # Sweep: start at 1 (q2 abstains), answer q3 (+1), q2 (0), q1 (+1): 3/3 at threshold 0.9.
+    assert (scores["best_exact"], scores["best_exact_thresh"]) == (pytest.approx(100.0), pytest.approx(0.9))
+    # Abstaining on q1 (na 0.9 > 0.5) abstains on an answerable question: no credit.
+    strict = metric.compute(predictions=rows, references=_squad_references(gold), no_answer_threshold=0.5)
+    assert strict["exact"] == pytest.approx(200 / 3) and strict["HasAns_exact"] == pytest.approx(50.0)
