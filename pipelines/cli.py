@@ -355,20 +355,34 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
             traceback.print_exc()
     except Exception as error:
         if isinstance(error, user_errors()):
-            return _report(args.command, str(error), debug)
+            message = str(error)
+            # A boundary that wrapped the full disk named the file but not what to do; one that said it keeps its words.
+            hint = "" if "free space" in message else _disk_full_hint(args.command, error)
+            return _report(args.command, message + hint, debug)
         if not isinstance(error, OSError):
             raise
         # The last resort for the machine saying no where no boundary did (a full disk while saving, a
-        # permission, a vanished file): its own words and the file, not a traceback. Complete
-        # checkpoints are never touched by a failed write, so the run can resume once space is freed.
+        # permission, a vanished file): its own words and the file, not a traceback.
         where = f" ({error.filename})" if error.filename else ""
-        hint = "; free space, then resume with train.resume_from_checkpoint=latest" if error.errno == errno.ENOSPC else ""
-        return _report(args.command, f"{error.strerror or error}{where}{hint}", debug)
+        return _report(args.command, f"{error.strerror or error}{where}{_disk_full_hint(args.command, error)}", debug)
     # Printed once the interrupted frames are gone, so their progress bars have drawn their last line above it.
     _wait_for_first_process()
     resume = "; continue from the last complete checkpoint (one per train.save_steps) with train.resume_from_checkpoint=latest"
     print(f"bertpipe {args.command}: interrupted{resume if args.command in ('train', 'distill') else ''}", file=sys.stderr)
     return INTERRUPTED_STATUS
+
+
+def _disk_full_hint(command: str, error: BaseException) -> str:
+    """What to do after a full disk anywhere in ``error``'s chain: complete checkpoints are never touched
+    by a failed write, so training resumes once space is freed; the other commands (predict, evaluate,
+    export, ...) have nothing to resume and simply run again."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            if command in ("train", "distill"):
+                return "; free space, then resume with train.resume_from_checkpoint=latest"
+            return "; free space, then run the command again"
+        error = error.__cause__ if error.__cause__ is not error else None
+    return ""
 
 
 def _wait_for_first_process() -> None:

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from pipelines.batching import eval_dataloader
 from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
 from pipelines.config import RunConfig
+from pipelines.data import split_source
 from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import (
     MERGED_DIR, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
@@ -139,6 +140,10 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
     with accelerator.main_process_first():
         examples = task.load(include_train=False)[config.data.eval_split]
         features = task.preprocess(examples, train=False)
+    # An override (data.max_seq_length, another data.files split) can make features longer than the
+    # positions training checked: the forward pass would fail mid-evaluation with a shape error.
+    split = config.data.eval_split
+    check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
     loader, sampler = eval_dataloader(features, task.collator(train=False), config.train.eval_batch_size_or_default)
     model, loader = accelerator.prepare(model, loader)
     started = time.perf_counter()
@@ -174,13 +179,18 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     rows = task.format_predictions(predictions, examples)
     if accelerator.is_main_process:
         output = Path(output_path)
+        partial = output.with_name(output.name + ".partial")
         with failures_named(OutputDirError, f"--output {output_path}"):
             output.parent.mkdir(parents=True, exist_ok=True)
-            partial = output.with_name(output.name + ".partial")
-            with open(partial, "w") as handle:
-                for row in rows:
-                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            os.replace(partial, output)
+            try:
+                with open(partial, "w") as handle:
+                    for row in rows:
+                        handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                os.replace(partial, output)
+            except BaseException:
+                # A full disk or Ctrl-C mid-write: no half-written file is left beside the output.
+                partial.unlink(missing_ok=True)
+                raise
     return len(rows)
 
 
@@ -191,9 +201,12 @@ def check_prediction_output(run_dir: str, input_path: str, output_path: str) -> 
         raise OutputDirError(f"--output {output_path} is the --input file; predictions would overwrite it. Choose another --output")
     if output.is_dir():
         raise OutputDirError(f"--output {output_path} is a folder; give a file name, e.g. {Path(output_path) / 'predictions.jsonl'}")
-    # Earlier predictions (*.jsonl other than the step log) may be replaced; the model, tokenizer,
-    # config, metrics and card may not.
-    if output.parent == Path(run_dir).resolve() and output.exists() and (output.suffix != ".jsonl" or output.name == LOG_FILE):
+    # Earlier predictions (*.jsonl other than the step log, beside the model) may be replaced; the model,
+    # tokenizer, config, metrics and card may not, nor anything in the run's subfolders (a checkpoint's
+    # weights, merged/), which a resume or a merge would read back as a model.
+    run = Path(run_dir).resolve()
+    earlier_predictions = output.parent == run and output.suffix == ".jsonl" and output.name != LOG_FILE
+    if output.exists() and run in output.parents and not earlier_predictions:
         raise OutputDirError(f"--output {output_path} is a file of the run {run_dir}; predictions would replace it. Choose another --output")
 
 

@@ -1,14 +1,18 @@
 """The fault contract as a user meets it: a fresh ``bertpipe`` process, its exit status and stderr.
 
 A handful of cases only (each pays an interpreter start); ``test_faults.py`` holds the catalogue.
+The cases at the end run in this process: the command-line ends of predict and evaluate (what they
+may write, what they check first, what a full disk tells the user).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_jsonl
 from tests.faults.conftest import bertpipe_in_process
 
 
@@ -52,3 +56,57 @@ def test_faults_cli_predict_blank_txt_lines_are_skipped_and_said(tmp_path, finis
     assert "skipped 1 blank line(s) (line 2)" in result.stderr
     assert "wrote 2 predictions" in result.stdout
     assert [json.loads(line)["text"] for line in output.read_text().splitlines()] == ["good film", "bad film"]
+
+
+# ----- predict and evaluate, in this process --------------------------------------------------------
+def test_faults_cli_predict_output_inside_the_runs_subfolders_is_refused(refused, run_copy, tmp_path):
+    # Only the run folder's own files were guarded: a checkpoint's weights were replaced by predictions,
+    # and the resume or merge that reads them back failed long after.
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good film"}])
+    checkpoint = run_copy / "checkpoints" / "step-00000004"
+    for target in (checkpoint / "model.safetensors", checkpoint / "trainer_state.json"):
+        refused("predict", run_copy, "--input", inputs, "--output", target, needles=["--output", str(target), "file of the run"])
+
+
+def test_faults_cli_evaluate_examples_longer_than_the_positions_name_max_seq_length(refused, run_copy, tmp_path):
+    # predict and train check the tokenised lengths; evaluate ran into the position table mid-forward
+    # (a RuntimeError traceback) when an override let longer examples through.
+    long = write_jsonl(tmp_path / "long.jsonl", [{"sentence": "good film " * 60, "label": "positive"}, {"sentence": "bad", "label": "negative"}])
+    refused("evaluate", run_copy, "data.max_seq_length=999", f"data.files.validation={long}",
+            needles=["split 'validation'", str(long), "set data.max_seq_length to at most 64"])
+    assert not (run_copy / "eval_validation.json").exists()
+
+
+def _disk_full(path) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def test_faults_cli_full_disk_in_predict_and_evaluate_says_to_run_again_and_leaves_no_partial(capsys, run_copy, tmp_path, monkeypatch):
+    from pipelines import evaluation
+
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good film"}, {"sentence": "bad film"}])
+    output = tmp_path / "predictions.jsonl"
+    output.write_text("earlier predictions\n")
+
+    def open_on_a_full_disk(path, *args, **kwargs):
+        open(path, *args, **kwargs).close()  # the file is created; the write is what the disk refuses
+        raise _disk_full(path)
+
+    monkeypatch.setattr(evaluation, "open", open_on_a_full_disk, raising=False)
+    status, stderr = bertpipe_in_process(capsys, "predict", run_copy, "--input", inputs, "--output", output)
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    message = stderr[stderr.index("bertpipe predict: error: "):]
+    assert str(output) in message and "No space left on device" in message and "free space, then run the command again" in message
+    assert output.read_text() == "earlier predictions\n"
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("predictions")) == ["predictions.jsonl"]
+
+    def write_json_on_a_full_disk(path, payload):
+        raise _disk_full(path)
+
+    monkeypatch.setattr(evaluation, "write_json", write_json_on_a_full_disk)
+    status, stderr = bertpipe_in_process(capsys, "evaluate", run_copy)
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    message = stderr[stderr.index("bertpipe evaluate: error: "):]
+    # evaluate has nothing to resume: the training hint sent the user to a command that refuses a finished run.
+    assert "No space left on device" in message and "free space, then run the command again" in message
+    assert "resume_from_checkpoint" not in message
