@@ -16,6 +16,7 @@ checkpoint on schedule -> final evaluation -> save.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -52,7 +53,11 @@ BEST_MODEL_DIR = "best_model"
 
 
 def _is_better(value: float, best: float | None, greater_is_better: bool) -> bool:
-    return best is None or (value > best if greater_is_better else value < best)
+    """A NaN (Pearson of constant predictions) is never the best, and any number beats a NaN best: NaN
+    loses every comparison, so a first NaN evaluation stayed the best model, reloaded at the end."""
+    if math.isnan(value):
+        return False
+    return best is None or math.isnan(best) or (value > best if greater_is_better else value < best)
 
 
 def _flat_config(config: RunConfig) -> dict[str, Any]:

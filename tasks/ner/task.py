@@ -59,7 +59,7 @@ class NerOptions(TaskOptions):
     conll_tag_column: int = -1
     """Column of the tag in CoNLL files: -1 = last (NER in CoNLL-2003), 1 = POS, 2 = chunk."""
     scheme: Literal["IOB1", "IOB2", "IOE1", "IOE2", "IOBES", "BILOU"] | None = None
-    """Tagging scheme for strict evaluation; by default IOBES when S-/E- tags exist, else IOB2."""
+    """Tagging scheme for strict evaluation; by default BILOU when L-/U- tags exist, IOBES when S-/E- tags do, else IOB2."""
     strict: bool = False
     """Count an entity only when its tags form a valid chunk of ``scheme`` (seqeval strict mode);
     the default is conlleval's lenient reading, which accepts IOB1, IOB2 and IOBES alike."""
@@ -301,6 +301,9 @@ class NerTask(TaskBase):
         if self.options.scheme:
             return self.options.scheme
         prefixes = {name.split("-", 1)[0] for name in self.label_names if name != "O"}
+        # BILOU tags under IOB2 made seqeval raise "Invalid token is found: L-PER" (a traceback).
+        if prefixes & {"L", "U"}:
+            return "BILOU"
         return "IOBES" if prefixes & {"E", "S"} else "IOB2"
 
     def compute_metrics(self, predictions: dict[str, Any], examples: Dataset) -> dict[str, float]:

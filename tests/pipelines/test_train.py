@@ -36,3 +36,14 @@ def test_train_best_model_without_reload_saves_nothing_and_names_a_missing_metri
     assert not best.update({"eval_accuracy": 0.5}, state, save=pytest.fail)
     with pytest.raises(ConfigError, match="eval_accuracy.*not among the eval metrics"):
         best.update({"eval_f1": 0.5}, state, save=pytest.fail)
+
+
+def test_train_best_model_is_never_a_nan_evaluation(tmp_path):
+    # Pearson of a regression model predicting a constant is NaN; NaN loses every comparison, so a first
+    # NaN evaluation stayed the best model and was reloaded at the end.
+    best = best_model(tmp_path, "train.metric_for_best_model=eval_pearson", "train.load_best_model_at_end=true")
+    state, saved = TrainerState(), []
+    for step, value in enumerate([float("nan"), 0.2, float("nan"), 0.1], start=1):
+        state.global_step = step
+        best.update({"eval_pearson": value}, state, save=lambda folder: saved.append(state.global_step))
+    assert (state.best_metric, state.best_step, saved) == (0.2, 2, [2])

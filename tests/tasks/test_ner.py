@@ -286,6 +286,17 @@ def test_ner_real_conll_files_and_hub_copy_agree(monkeypatch, tmp_path):
     assert raw["validation"][0]["tokens"] == sentences[0]["tokens"] and raw["validation"][0]["tags"] == sentences[0]["tags"]
 
 
+def test_ner_strict_evaluation_of_bilou_tags_reads_them_as_bilou(tmp_path):
+    # Under the IOB2 default seqeval raised "Invalid token is found: L-PER" (a raw ValueError).
+    from datasets import Dataset
+
+    task = _task(tmp_path, {}, strict=True)
+    task.label_names = ["O", "B-PER", "I-PER", "L-PER", "U-LOC"]
+    references = Dataset.from_dict({"tags": [["B-PER", "I-PER", "L-PER", "O", "U-LOC"]]})
+    metrics = task.compute_metrics({"tags": [["B-PER", "I-PER", "L-PER", "O", "O"]]}, references)
+    assert task._strict_scheme() == "BILOU" and metrics["precision"] == 1.0 and metrics["recall"] == 0.5
+
+
 # ----- seqeval -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def seqeval():
