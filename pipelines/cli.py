@@ -333,8 +333,15 @@ def _print_metrics(metrics: dict) -> None:
         print(json.dumps(metrics, indent=2))
 
 
+def configure_logging() -> None:
+    """Warnings on stderr, from each machine's first process only: under ``accelerate launch`` every
+    process reads the same data and would repeat each warning about it once per process."""
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(logging.ERROR if int(os.environ.get("LOCAL_RANK") or 0) > 0 else logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(DEBUG_VARIABLE, "").lower() in {"1", "true", "yes"}
     argv = [item for item in argv if item != "--debug"]

@@ -57,3 +57,13 @@ def test_help_and_version_answer_within_the_bound():
         result = run_cli(*argv)
         assert time.perf_counter() - start < BOUND_S, argv
     assert result.stdout.strip() == f"bertpipe {version('bertpipe')}"
+
+
+@pytest.mark.parametrize("local_rank, shown", [("0", ["warned", "failed"]), ("1", ["failed"])])
+def test_cli_warnings_come_from_each_machines_first_process_only(local_rank, shown):
+    # Under accelerate launch every process reads the same data: each warning about it came once per process.
+    code = ("import logging; from pipelines.cli import configure_logging; configure_logging(); "
+            "logging.getLogger('tasks.any').warning('warned'); logging.getLogger('tasks.any').error('failed')")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=cli_env(LOCAL_RANK=local_rank),
+                            capture_output=True, text=True, timeout=120)
+    assert [word for word in ("warned", "failed") if word in result.stderr] == shown, result.stderr
