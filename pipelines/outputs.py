@@ -173,8 +173,21 @@ def write_text_atomically(path: Path, text: str) -> None:
         raise
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinity as None: Python writes them as bare ``NaN``/``Infinity``,
+    which is not JSON (jq, JavaScript and most readers refuse the whole file)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def write_json(path: Path, payload: Any) -> None:
-    write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    """``payload`` as strict JSON (a NaN metric, such as Pearson of constant predictions, is null), atomically."""
+    write_text_atomically(path, json.dumps(json_safe(payload), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def save_config(config: RunConfig, run_dir: str | Path) -> None:
@@ -199,7 +212,7 @@ class StepLog:
         self._file = self.path.open("w")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
