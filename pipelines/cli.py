@@ -15,6 +15,8 @@ Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-p
      id, or the machine refusing a write (a full disk). ``--debug`` (anywhere on the line) or
      ``BERTPIPE_DEBUG=1`` prints the traceback, with the library error it wraps, before the message.
      Ctrl-C: one line and exit status 130; a checkpoint being written is discarded, complete ones kept.
+     SIGTERM/SIGUSR1 during training: a checkpoint at the end of the current step, one line, exit status
+     128 + the signal's number (pipelines/preemption.py).
 
 The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never
 imports ``tasks/``.
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 # Only light modules here (no torch, transformers or datasets): each command imports what it runs
 # after its arguments are parsed, so help, --version and argument errors answer at once.
 from pipelines.config import RunConfig, load_config
-from pipelines.errors import ModelError, UserError, failures_named
+from pipelines.errors import ModelError, RunStopped, UserError, failures_named
 from pipelines.outputs import OutputDirError, load_saved_config
 
 if TYPE_CHECKING:
@@ -360,6 +362,12 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         # the loop happened to be, and the status a shell gives an interrupted command (128 + SIGINT).
         if debug:
             traceback.print_exc()
+    except RunStopped as stopped:
+        # The scheduler's notice (SIGTERM, SIGUSR1) was honoured: a checkpoint, one line, and the status a
+        # shell gives a command ended by that signal, so a job script can tell it from a failure and requeue.
+        _wait_for_first_process()
+        print(f"bertpipe {args.command}: {stopped}", file=sys.stderr)
+        return stopped.exit_status
     except Exception as error:
         if isinstance(error, user_errors()):
             message = str(error)

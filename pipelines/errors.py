@@ -55,3 +55,13 @@ def failures_named(error_type: type[UserError], where: str) -> Iterator[None]:
         raise
     except Exception as error:
         raise error_type(f"{where}: {describe(error)}") from error
+
+
+class RunStopped(Exception):
+    """Training stopped at a step boundary on a signal (SIGTERM, SIGUSR1), after writing a complete
+    checkpoint. Not a fault: the command line reports it in one line with the shell's status for that
+    signal (128 + its number), as it does Ctrl-C."""
+
+    def __init__(self, message: str, signal_number: int) -> None:
+        super().__init__(message)
+        self.exit_status = 128 + signal_number

@@ -36,7 +36,7 @@ from pipelines.checkpoint import (
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, prepare_data, split_source
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
-from pipelines.errors import failures_named
+from pipelines.errors import RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import (
     MERGED_DIR, apply_peft, base_model_id, check_sequence_lengths, count_parameters, is_peft_model, save_adapter_run,
@@ -44,6 +44,7 @@ from pipelines.modeling import (
 )
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
+from pipelines.preemption import StopSignals
 from pipelines.runtime import build_accelerator, check_compile_backend, wrap_model_layers_for_fsdp
 from pipelines.task import Task
 
@@ -181,57 +182,68 @@ def train(
         interval_loss.zero_()
         interval_batches = 0
 
+    def checkpoint() -> Path:
+        update_totals()
+        return save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict())
+
     model.train()
-    while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not state.stopped_early:
-        # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
-        # loader re-applies its own epoch counter to the sampler each time it is iterated.
-        train_sampler.set_epoch(state.epoch)
-        train_loader.set_epoch(state.epoch)
-        batches = train_loader
-        if state.batches_in_epoch:
-            batches = accelerator.skip_first_batches(train_loader, state.batches_in_epoch)
-            batches.set_epoch(state.epoch)
-        for batch in batches:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss_weighting.weigh(loss, batch))
-                if accelerator.sync_gradients:
-                    loss_weighting.finish_window(model.parameters())
-                    if config.train.max_grad_norm:
-                        accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            interval_loss += loss.detach()
-            interval_batches += 1
-            state.batches_in_epoch += 1
-            batch_samples, batch_tokens = count_samples_and_tokens(batch)
-            samples_seen += batch_samples
-            tokens_seen += batch_tokens
-            if not accelerator.sync_gradients:
-                continue
+    with StopSignals() as stop_signals:
+        while state.epoch < plan.num_epochs and state.global_step < plan.total_updates and not state.stopped_early:
+            # Both calls matter: the sampler may sit under Accelerate's shard wrapper, and the prepared
+            # loader re-applies its own epoch counter to the sampler each time it is iterated.
+            train_sampler.set_epoch(state.epoch)
+            train_loader.set_epoch(state.epoch)
+            batches = train_loader
+            if state.batches_in_epoch:
+                batches = accelerator.skip_first_batches(train_loader, state.batches_in_epoch)
+                batches.set_epoch(state.epoch)
+            for batch in batches:
+                with accelerator.accumulate(model):
+                    loss = model(**batch).loss
+                    accelerator.backward(loss_weighting.weigh(loss, batch))
+                    if accelerator.sync_gradients:
+                        loss_weighting.finish_window(model.parameters())
+                        if config.train.max_grad_norm:
+                            accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                interval_loss += loss.detach()
+                interval_batches += 1
+                state.batches_in_epoch += 1
+                batch_samples, batch_tokens = count_samples_and_tokens(batch)
+                samples_seen += batch_samples
+                tokens_seen += batch_tokens
+                if not accelerator.sync_gradients:
+                    continue
 
-            state.global_step += 1
-            progress.update(1)
-            if state.global_step % config.train.logging_steps == 0 or state.global_step == plan.total_updates:
-                log_training_loss()
+                state.global_step += 1
+                progress.update(1)
+                if state.global_step % config.train.logging_steps == 0 or state.global_step == plan.total_updates:
+                    log_training_loss()
 
-            if config.train.eval_steps and state.global_step % config.train.eval_steps == 0 and state.global_step < plan.total_updates:
-                _, metrics = run_evaluation()
-                log(metrics)
-                if best.metric_name and best.update(metrics, state, save=lambda folder: _save_model(accelerator, model, folder)):
-                    accelerator.print(f"early stopping: {best.metric_name} has not improved for {best.patience} evaluations")
-                    state.stopped_early = True
-                if on_evaluate is not None and on_evaluate(state.global_step, metrics):
-                    state.stopped_early = True
-            if config.train.save_steps and state.global_step % config.train.save_steps == 0:
-                update_totals()
-                save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict())
-            if state.global_step >= plan.total_updates or state.stopped_early:
-                break
-        else:
-            state.epoch += 1
-            state.batches_in_epoch = 0
+                if config.train.eval_steps and state.global_step % config.train.eval_steps == 0 and state.global_step < plan.total_updates:
+                    _, metrics = run_evaluation()
+                    log(metrics)
+                    if best.metric_name and best.update(metrics, state, save=lambda folder: _save_model(accelerator, model, folder)):
+                        accelerator.print(f"early stopping: {best.metric_name} has not improved for {best.patience} evaluations")
+                        state.stopped_early = True
+                    if on_evaluate is not None and on_evaluate(state.global_step, metrics):
+                        state.stopped_early = True
+                folder = checkpoint() if config.train.save_steps and state.global_step % config.train.save_steps == 0 else None
+                # Last in the step, after its evaluation and checkpoint: the resume starts with the next step,
+                # so it skips nothing the uninterrupted run does at this one.
+                if (received := stop_signals.agreed()) is not None:
+                    progress.close()
+                    raise RunStopped(
+                        f"stopped by {received.name} at step {state.global_step} of {plan.total_updates}; checkpoint "
+                        f"{folder or checkpoint()} is complete: continue with train.resume_from_checkpoint=latest", received,
+                    )
+                if state.global_step >= plan.total_updates or state.stopped_early:
+                    break
+            else:
+                state.epoch += 1
+                state.batches_in_epoch = 0
     if interval_batches:
         # Stopped early between logging steps: the batches since the last logged loss count too.
         log_training_loss()

@@ -45,6 +45,23 @@ typo = ["trian.max_steps=3"] if os.environ["FAILING_RANK"] in ("all", os.environ
 sys.exit(main(["train", *sys.argv[1:], *typo]))
 """
 
+# scripts/train.py, with a SIGTERM delivered to rank 1 alone as its 4th optimizer step ends (a node-local
+# signal: the other process must still stop at the same step, or the two would wait for each other forever).
+SIGNALLED_TRAIN_SCRIPT = f"""
+import os, signal, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from pipelines.preemption import StopSignals
+agreed, calls = StopSignals.agreed, []
+def agreed_after_a_signal_to_rank_1(self):
+    calls.append(None)
+    if os.environ["RANK"] == "1" and len(calls) == 4:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return agreed(self)
+StopSignals.agreed = agreed_after_a_signal_to_rank_1
+from tasks.cli import main
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -119,6 +136,39 @@ def test_cli_two_machines_train_what_one_machine_with_two_processes_trains(runs)
     assert weights_one.keys() == weights_two.keys()
     for name, tensor in weights_one.items():
         assert (weights_two[name] - tensor).abs().max().item() <= 1e-6, name
+
+
+def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_uninterrupted_weights(
+    runs, tmp_path, tiny_bert, sentiment_files
+):
+    from safetensors.torch import load_file
+
+    script = tmp_path / "train_signalled.py"
+    script.write_text(SIGNALLED_TRAIN_SCRIPT)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="stopped", num_epochs=2, eval_steps=6,
+                                   mixed_precision="no", torch_num_threads=1)
+    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
+                     "--main_process_port", str(free_port()))
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode != 0
+    checkpoint = tmp_path / "stopped" / "checkpoints" / "step-00000004"
+    assert stderr.count(f"bertpipe train: stopped by SIGTERM at step 4 of 12; checkpoint {checkpoint} is complete") == 1, stderr[-4000:]
+    assert [path.name for path in checkpoint.parent.iterdir()] == [checkpoint.name]
+    assert not (tmp_path / "stopped" / "metrics.json").exists()
+
+    finish(subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
+         str(config), "train.resume_from_checkpoint=latest"],
+        cwd=REPO_ROOT, env=cli_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ))
+    resumed, uninterrupted = (json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "stopped", runs["one"]))
+    assert resumed["num_processes"] == 2 and resumed["global_step"] == uninterrupted["global_step"] == 12
+    for key in ("eval_accuracy", "train_samples", "train_loss"):
+        assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-6), key
+    weights, expected = (load_file(run / "model.safetensors") for run in (tmp_path / "stopped", runs["one"]))
+    for name, tensor in expected.items():
+        assert (weights[name] - tensor).abs().max().item() <= 1e-6, name
 
 
 @pytest.mark.parametrize("failing_rank", ["all", "1"])

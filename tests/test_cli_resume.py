@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,6 +27,20 @@ def save_then_crash(*args, **kwargs):
         os._exit(9)
     return folder
 train.save_checkpoint = save_then_crash
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+# Runs the CLI with each batch slowed down, so that a signal sent from outside lands mid-training.
+SLOW_TRAINING = """
+import sys, time
+import pipelines.train as train
+count = train.count_samples_and_tokens
+def slowly(batch):
+    time.sleep(0.05)
+    return count(batch)
+train.count_samples_and_tokens = slowly
 from tasks.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -67,6 +84,48 @@ def test_cli_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_bert
     for record in expected_losses:
         if record["step"] > 8:
             assert resumed[record["step"]] == pytest.approx(record["loss"], rel=1e-5, abs=1e-6), record["step"]
+
+
+def test_cli_sigterm_checkpoints_the_step_it_stops_at_and_the_resume_matches_uninterrupted(tmp_path, tiny_bert, sentiment_files):
+    """What a scheduler does before it takes the machine away (Slurm, Kubernetes): SIGTERM, a grace period,
+    then SIGKILL. The run stops at the end of the step, writes that step's checkpoint (none is due by
+    save_steps), says so in one line and exits 143; the resume ends where the uninterrupted run ends."""
+    keys = dict(TRAIN, num_epochs=6, save_steps=None)
+    reference = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="reference", **keys)
+    run_cli("train", str(reference))
+
+    stopped = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="stopped", **keys)
+    process = subprocess.Popen([sys.executable, "-c", SLOW_TRAINING, "train", str(stopped)], cwd=REPO_ROOT, env=cli_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "stopped" / "log.jsonl"
+    deadline = time.monotonic() + 300
+    while not (log.is_file() and sum("loss" in line for line in log.read_text().splitlines()) >= 3):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr
+    message = stderr.strip().splitlines()[-1]
+    found = re.fullmatch(r"bertpipe train: stopped by SIGTERM at step (\d+) of 36; checkpoint (\S+) is complete: "
+                         r"continue with train.resume_from_checkpoint=latest", message)
+    assert found, message
+    step = int(found.group(1))
+    assert 3 <= step < 36
+    assert [path.name for path in (tmp_path / "stopped" / "checkpoints").iterdir()] == [f"step-{step:08d}"]
+    assert found.group(2) == str(tmp_path / "stopped" / "checkpoints" / f"step-{step:08d}")
+    assert not (tmp_path / "stopped" / "metrics.json").exists()
+
+    result = run_cli("train", str(stopped), "train.resume_from_checkpoint=latest")
+    assert f"step-{step:08d}" in result.stdout
+    expected_metrics, expected_losses = final_state(tmp_path / "reference")
+    metrics, losses = final_state(tmp_path / "stopped")
+    for key in ("eval_accuracy", "eval_f1_macro", "global_step", "epoch", "train_loss", "train_samples", "train_tokens"):
+        assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-5, abs=1e-6), key
+    assert [record["step"] for record in losses] == list(range(1, 37))
+    for record, expected in zip(losses, expected_losses):
+        assert record["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-6), record["step"]
 
 
 def test_cli_resume_from_missing_or_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny_bert, sentiment_files):

@@ -1,0 +1,72 @@
+"""Stopping a training run cleanly when its machine is being taken away.
+
+In:  SIGTERM, the signal Slurm, Kubernetes, systemd and ``accelerate launch`` (to each of its processes,
+     with 30 s before it kills them) send before they end a job, and SIGUSR1, which Slurm sends ahead of a
+     time limit with ``#SBATCH --signal=USR1@120``.
+Out: :class:`StopSignals`, installed around the training loop: it notes the signal instead of dying of
+     it, and :meth:`StopSignals.agreed` tells the loop, at an optimizer-step boundary, that every process
+     has to stop at this same step. The loop then writes a checkpoint and raises
+     :class:`~pipelines.errors.RunStopped`; ``train.resume_from_checkpoint=latest`` continues the run to
+     the result it would have had uninterrupted.
+
+A second signal while the step finishes stops at once, as Ctrl-C does (the checkpoint being written is
+discarded, complete ones are kept). Outside the loop (loading data, the final evaluation and save) the
+signals keep their usual effect: there is no step to stop at there.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType, TracebackType
+
+import torch
+import torch.distributed as dist
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopSignals:
+    """A context manager: while it is active, SIGTERM/SIGUSR1 request a stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, object] = {}
+        self._group = None
+        self._flag = torch.zeros((), dtype=torch.int32)
+
+    def __enter__(self) -> "StopSignals":
+        # Python runs handlers on the main thread only; a loop on another thread (a caller's own) keeps
+        # the process's handlers.
+        if threading.current_thread() is threading.main_thread():
+            for number in STOP_SIGNALS:
+                self._previous[number] = signal.signal(number, self._note)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # The flag is agreed over gloo, on the CPU, even when training runs on GPUs with NCCL: reducing a
+            # device tensor would make every step wait for the device.
+            self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            self._world = True
+        else:
+            self._world = False
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _note(self, number: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt  # asked twice: stop now, as Ctrl-C does
+        self.received = signal.Signals(number)
+
+    def agreed(self) -> signal.Signals | None:
+        """The signal to stop for, if any process received one; every process must call this at every
+        optimizer step, since with several processes it is a collective and they must all stop at the
+        same step (each waits for the others at the checkpoint)."""
+        if not self._world:
+            return self.received
+        self._flag.fill_(0 if self.received is None else int(self.received))
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group)
+        number = int(self._flag.item())
+        return signal.Signals(number) if number else None
