@@ -57,6 +57,14 @@ OTHER_PROCESS_REPORT_DELAY_S = 5.0
 
 TaskLookup = Callable[[str], "type[Task]"]
 
+# What to do after a training stopped by a signal (pipelines.preemption), by command.
+_RUN_AGAIN = "; the command has nothing to resume: run it again"
+_WAY_ON_AFTER_A_STOP = {
+    "train": ": continue with train.resume_from_checkpoint=latest",
+    "distill": ": continue with train.resume_from_checkpoint=latest",
+    "sweep": "; its trial is marked failed: the same command continues the study with a new trial",
+}
+
 
 def user_errors() -> tuple[type[Exception], ...]:
     """The exception types the CLI reports as bad input (exit status 2, no traceback)."""
@@ -366,7 +374,7 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         # The scheduler's notice (SIGTERM, SIGUSR1) was honoured: a checkpoint, one line, and the status a
         # shell gives a command ended by that signal, so a job script can tell it from a failure and requeue.
         _wait_for_first_process()
-        print(f"bertpipe {args.command}: {stopped}", file=sys.stderr)
+        print(f"bertpipe {args.command}: {stopped}{_WAY_ON_AFTER_A_STOP.get(args.command, _RUN_AGAIN)}", file=sys.stderr)
         return stopped.exit_status
     except Exception as error:
         if isinstance(error, user_errors()):

@@ -12,6 +12,7 @@ cases nobody listed, and each of them should still end in a message that says wh
 
 from __future__ import annotations
 
+import signal
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -57,11 +58,18 @@ def failures_named(error_type: type[UserError], where: str) -> Iterator[None]:
         raise error_type(f"{where}: {describe(error)}") from error
 
 
+
 class RunStopped(Exception):
     """Training stopped at a step boundary on a signal (SIGTERM, SIGUSR1), after writing a complete
-    checkpoint. Not a fault: the command line reports it in one line with the shell's status for that
-    signal (128 + its number), as it does Ctrl-C."""
+    checkpoint. Not a fault: the command line reports it in one line, with the way on for its command,
+    and the shell's status for that signal (128 + its number), as it does Ctrl-C."""
 
-    def __init__(self, message: str, signal_number: int) -> None:
-        super().__init__(message)
-        self.exit_status = 128 + signal_number
+    def __init__(self, signal_number: int, step: int, total_steps: int, checkpoint: str) -> None:
+        # Every field in args, so that a sweep worker process can hand it to its parent (pickle).
+        super().__init__(int(signal_number), step, total_steps, str(checkpoint))
+        self.signal_number, self.step, self.total_steps, self.checkpoint = int(signal_number), step, total_steps, str(checkpoint)
+        self.exit_status = 128 + self.signal_number
+
+    def __str__(self) -> str:
+        return (f"stopped by {signal.Signals(self.signal_number).name} at step {self.step} of {self.total_steps}; "
+                f"checkpoint {self.checkpoint} is complete")

@@ -235,10 +235,7 @@ def train(
                 # so it skips nothing the uninterrupted run does at this one.
                 if (received := stop_signals.agreed()) is not None:
                     progress.close()
-                    raise RunStopped(
-                        f"stopped by {received.name} at step {state.global_step} of {plan.total_updates}; checkpoint "
-                        f"{folder or checkpoint()} is complete: continue with train.resume_from_checkpoint=latest", received,
-                    )
+                    raise RunStopped(received, state.global_step, plan.total_updates, folder or checkpoint())
                 if state.global_step >= plan.total_updates or state.stopped_early:
                     break
             else:

@@ -145,6 +145,42 @@ def test_cli_sweep_killed_mid_trial_continues_on_rerun(tmp_path, tiny_bert, sent
     assert {path.name: path.read_bytes() for path in dead_dir.iterdir()} == before
 
 
+# A scheduler's SIGTERM as trial 1 (a second trial of 24 updates) ends its 3rd update.
+SIGTERM_DURING_TRIAL_1 = """
+import os, signal, sys
+from pipelines.preemption import StopSignals
+agreed, calls = StopSignals.agreed, []
+def agreed_after_a_signal(self):
+    calls.append(None)
+    if len(calls) == 24 + 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return agreed(self)
+StopSignals.agreed = agreed_after_a_signal
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_sweep_stopped_by_sigterm_marks_its_trial_failed_and_continues_on_rerun(tmp_path, tiny_bert, sentiment_files):
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "stopped")
+    args = ["sweep", str(config), "--trials", "3", "--space", str(space), "--pruner", "none"]
+    stopped = subprocess.run([sys.executable, "-c", SIGTERM_DURING_TRIAL_1, *args], cwd=REPO_ROOT, env=cli_env(),
+                             capture_output=True, text=True, timeout=600)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    trial_1 = tmp_path / "stopped" / "trials" / "0001"
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"bertpipe sweep: stopped by SIGTERM at step 3 of 24; checkpoint {trial_1 / 'checkpoints' / 'step-00000003'} is complete; "
+        "its trial is marked failed: the same command continues the study with a new trial"
+    )
+    assert "Traceback" not in stopped.stderr
+    assert json.loads((trial_1 / "trial.json").read_text())["state"] == "FAIL"
+    assert {trial.number: trial.state.name for trial in study_trials(tmp_path / "stopped")} == {0: "COMPLETE", 1: "FAIL"}
+
+    run_cli(*args)
+    trials = study_trials(tmp_path / "stopped")
+    assert sum(trial.state.name == "COMPLETE" for trial in trials) == 3 and trials[1].state.name == "FAIL"
+
+
 def test_cli_sweep_bad_space_is_exit_2_naming_key_and_file(tmp_path, tiny_bert, sentiment_files):
     config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "bad")
     space.write_text("train.learning_rate: {log_uniform: [1.0e-5, 1.0e-3]}\ntrain.lr_scheduler: {uniform: [0, 1]}\n")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import threading
 
 import pytest
 
+from pipelines.errors import RunStopped
 from pipelines.preemption import StopSignals
 
 
@@ -42,3 +44,10 @@ def test_preemption_off_the_main_thread_leaves_the_process_handlers_alone():
     worker.start()
     worker.join()
     assert seen == [(before, None)]
+
+
+def test_preemption_the_stop_crosses_a_process_boundary_whole():
+    """A sweep worker process hands its exception to the parent by pickle; the parent reports it."""
+    stopped = pickle.loads(pickle.dumps(RunStopped(signal.SIGUSR1, 3, 24, "run/checkpoints/step-00000003")))
+    assert str(stopped) == "stopped by SIGUSR1 at step 3 of 24; checkpoint run/checkpoints/step-00000003 is complete"
+    assert stopped.exit_status == 128 + signal.SIGUSR1
