@@ -203,8 +203,9 @@ def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
         config = load_run_config(get_task, None, [], run_dir=args.run_dir)
         from pipelines.export import export_run
 
+        # The task reads only the eval split's file; export_run saves the run's own config beside the export.
         summary = export_run(
-            config, get_task(config.task)(config), args.run_dir, args.out, quantize=args.quantize, opset=args.opset,
+            config, get_task(config.task)(_eval_split_only(config)), args.run_dir, args.out, quantize=args.quantize, opset=args.opset,
             parity_samples=args.parity_samples, overwrite=args.overwrite,
         )
         print(json.dumps({key: summary[key] for key in ("precision", "opset", "size_bytes", "parity")}, indent=2))
@@ -218,6 +219,13 @@ def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
         _print_metrics(train(config, get_task(config.task)(config)))
         return True
     return False
+
+
+def _eval_split_only(config: RunConfig) -> RunConfig:
+    """A finished run's config whose task loads only the eval split's file(s) (pipelines.data.eval_split_files_only)."""
+    from pipelines.data import eval_split_files_only
+
+    return config.model_copy(update={"data": eval_split_files_only(config.data)})
 
 
 def _check_new_folder(label: str, folder: str, what: str) -> None:
@@ -254,7 +262,7 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         from pipelines.evaluation import evaluate_run
 
-        _print_metrics(evaluate_run(config, get_task(config.task)(config), args.run_dir, precision=args.precision))
+        _print_metrics(evaluate_run(config, get_task(config.task)(_eval_split_only(config)), args.run_dir, precision=args.precision))
     elif args.command == "predict":
         config = load_run_config(get_task, None, args.overrides, run_dir=args.run_dir)
         from pipelines.evaluation import predict_file

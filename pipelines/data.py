@@ -210,6 +210,8 @@ def _load_local_files(files: dict[str, str | list[str]], encoding: str, *, label
     paths_by_label = {label + split: paths for split, paths in data_files.items()}
     if options.get("delimiter") == "\t":
         options["quoting"] = _tsv_quoting(paths_by_label, encoding)
+    if builder == "csv":
+        _check_unique_header(paths_by_label, encoding, options.get("delimiter", ","), options.get("quoting", csv.QUOTE_MINIMAL))
     try:
         with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
             return datasets.load_dataset(builder, data_files=data_files, **options)
@@ -240,6 +242,29 @@ def _tsv_quoting(paths_by_label: dict[str, list[str]], encoding: str) -> int:
             f"{'; '.join(plain)} hold(s) unquoted text with quotes in it; write them all one way"
         )
     return csv.QUOTE_NONE if plain else csv.QUOTE_MINIMAL
+
+
+def _check_unique_header(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str, quoting: int) -> None:
+    """A csv/tsv header naming a column twice is a DataError naming the file and column.
+
+    pandas renames the second ``text`` to ``text.1`` without a word, so the first one was read as the
+    text (or the labels) whichever the user meant.
+    """
+    for label, paths in paths_by_label.items():
+        for path in paths:
+            try:
+                with open(path, encoding="utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding, newline="") as handle:
+                    header = next(csv.reader(handle, delimiter=delimiter, quoting=quoting), [])
+            except (OSError, UnicodeError, csv.Error):
+                continue  # the read itself names the file (and the byte)
+            seen: dict[str, int] = {}
+            for number, name in enumerate(header, start=1):
+                if name.strip() and name in seen:
+                    raise DataError(
+                        f"{label}: {path}: the header names column {name!r} twice (columns {seen[name]} and {number}); "
+                        "give each column its own name"
+                    )
+                seen.setdefault(name, number)
 
 
 def _tsv_kind(path: Path, encoding: str) -> str | None:
@@ -335,6 +360,19 @@ def load_raw(data: DataConfig, *, text_columns: Iterable[str | None] = ()) -> Da
     where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
     with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
         return datasets.load_dataset(source, data.name)
+
+
+def eval_split_files_only(data: DataConfig) -> DataConfig:
+    """``data`` listing only the eval split's own file(s), for commands on a finished run (evaluate, export).
+
+    Loading reads (and checks) every file of ``data.files``: evaluating on another machine, or after the
+    big train file was deleted, was refused for the missing train file, or waited for it to be read. A
+    finished run needs no train split (its labels come with its model). Unchanged when the eval split
+    has no file of its own: it is then held out of train, which must be read to carve the same rows.
+    """
+    if not data.files or data.eval_split not in data.files:
+        return data
+    return data.model_copy(update={"files": {data.eval_split: data.files[data.eval_split]}})
 
 
 def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train: bool = True) -> DatasetDict:

@@ -25,14 +25,14 @@ from tqdm.auto import tqdm
 
 from pipelines.batching import eval_dataloader
 from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
-from pipelines.config import RunConfig
+from pipelines.config import DataConfig, RunConfig
 from pipelines.data import split_source
 from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import (
     MERGED_DIR, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
 )
 from pipelines.onnx_model import is_export_dir
-from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, write_json
+from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, data_files_by_key, write_json
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
 
@@ -165,7 +165,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     The output is written beside its final name and renamed into place, so a failure never leaves a
     half-written file, and it may not be the input itself or one of the run's own files.
     """
-    check_prediction_output(run_dir, input_path, output_path)
+    check_prediction_output(run_dir, input_path, output_path, data=config.data)
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     examples = task.load_inputs(input_path)
     features = task.preprocess(examples, train=False, inputs=True)
@@ -194,13 +194,20 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     return len(rows)
 
 
-def check_prediction_output(run_dir: str, input_path: str, output_path: str) -> None:
-    """Refuse an ``--output`` that would overwrite the input, a folder, or a file the run needs."""
+def check_prediction_output(run_dir: str, input_path: str, output_path: str, *, data: DataConfig | None = None) -> None:
+    """Refuse an ``--output`` that would overwrite the input, a folder, a file the run needs, or a file of
+    the run's ``data.files``."""
     output, source = Path(output_path).resolve(), Path(input_path).resolve()
     if output == source or (output.exists() and source.exists() and output.samefile(source)):
         raise OutputDirError(f"--output {output_path} is the --input file; predictions would overwrite it. Choose another --output")
     if output.is_dir():
         raise OutputDirError(f"--output {output_path} is a folder; give a file name, e.g. {Path(output_path) / 'predictions.jsonl'}")
+    # `--output train.jsonl` beside the data replaced the user's training file without a word (and one
+    # deleted since training would come back as predictions that a retrain reads as data).
+    # As the loader reads them: relative to the current directory, no ~ expansion.
+    for key, path in ((key, Path(value).resolve()) for key, value in data_files_by_key(data.files if data else None).items()):
+        if output == path or (output.exists() and path.exists() and output.samefile(path)):
+            raise OutputDirError(f"--output {output_path} is {key} of the run's config; predictions would overwrite it. Choose another --output")
     # Earlier predictions (*.jsonl other than the step log, beside the model) may be replaced; the model,
     # tokenizer, config, metrics and card may not, nor anything in the run's subfolders (a checkpoint's
     # weights, merged/), which a resume or a merge would read back as a model.

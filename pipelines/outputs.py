@@ -52,16 +52,23 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def data_files_by_key(files: dict[str, str | list[str]] | None) -> dict[str, str]:
+    """The files of ``data.files`` by the key that names each (``data.files.train``, ``data.files.train[1]``)."""
+    named: dict[str, str] = {}
+    for split, paths in (files or {}).items():
+        for index, path in enumerate([paths] if isinstance(paths, str) else paths):
+            named[f"data.files.{split}" + (f"[{index}]" if not isinstance(paths, str) else "")] = path
+    return named
+
+
 def _run_inputs(config: RunConfig) -> dict[str, Path]:
     """Local paths the run reads, by the key that names them."""
     named: dict[str, str | None] = {
         "model.name_or_path": config.model.name_or_path,
         "model.tokenizer_name_or_path": config.model.tokenizer_name_or_path,
         "data.path": config.data.path,
+        **data_files_by_key(config.data.files),
     }
-    for split, paths in (config.data.files or {}).items():
-        for index, path in enumerate([paths] if isinstance(paths, str) else paths):
-            named[f"data.files.{split}" + (f"[{index}]" if not isinstance(paths, str) else "")] = path
     return {key: Path(value).expanduser().resolve() for key, value in named.items() if value and Path(value).expanduser().exists()}
 
 

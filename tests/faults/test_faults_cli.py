@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 
-from tests.conftest import run_cli, write_jsonl
+from tests.conftest import run_cli, sentiment_rows, write_jsonl
 from tests.faults.conftest import bertpipe_in_process
 
 
@@ -75,6 +75,50 @@ def test_faults_cli_evaluate_examples_longer_than_the_positions_name_max_seq_len
     refused("evaluate", run_copy, "data.max_seq_length=999", f"data.files.validation={long}",
             needles=["split 'validation'", str(long), "set data.max_seq_length to at most 64"])
     assert not (run_copy / "eval_validation.json").exists()
+
+
+def _with_own_data(run_dir, tmp_path, sentiment_files) -> dict:
+    """Point the run's saved config at copies of its data files (under tmp_path/data), which the test may lose."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    config = (run_dir / "config.yaml").read_text()
+    copies = {}
+    for split, path in sentiment_files.items():
+        copies[split] = shutil.copy(path, folder / path.name)
+        config = config.replace(f"{split}: {path}\n", f"{split}: {copies[split]}\n")
+    (run_dir / "config.yaml").write_text(config)
+    return copies
+
+
+def test_faults_cli_evaluate_needs_only_the_eval_split_file(capsys, run_copy, tmp_path, sentiment_files):
+    # Every file of data.files was read: after the train file was deleted (or on another machine), evaluate
+    # was refused with "data.files.train: file ... does not exist", though a finished run needs no train split.
+    data = _with_own_data(run_copy, tmp_path, sentiment_files)
+    test = write_jsonl(tmp_path / "test.jsonl", sentiment_rows(11, seed=5))
+    results = {}
+    for train_present in (True, False):
+        if not train_present:
+            os.remove(data["train"])
+        for split, overrides in (("validation", ()), ("test", (f"data.files.test={test}", "data.eval_split=test"))):
+            status, stderr = bertpipe_in_process(capsys, "evaluate", run_copy, *overrides)
+            assert status == 0, stderr[-3000:]
+            metrics = json.loads((run_copy / f"eval_{split}.json").read_text())
+            results[train_present, split] = {key: value for key, value in metrics.items() if key != "eval_runtime"}
+    assert results[True, "test"]["eval_samples"] == 11
+    for split in ("validation", "test"):
+        assert results[False, split] == results[True, split]
+
+
+def test_faults_cli_predict_output_naming_a_data_file_of_the_run_is_refused(refused, run_copy, tmp_path, sentiment_files):
+    # Only the --input and the run's own files were guarded: `--output train.jsonl` beside the data replaced
+    # the user's training file with predictions, without a word.
+    data = _with_own_data(run_copy, tmp_path, sentiment_files)
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good film"}])
+    for split, target in data.items():
+        refused("predict", run_copy, "--input", inputs, "--output", target, needles=["--output", str(target), f"data.files.{split}"])
+    os.remove(data["train"])  # a data file gone since training is not written either: a retrain would read predictions
+    refused("predict", run_copy, "--input", inputs, "--output", data["train"], needles=["--output", "data.files.train"])
+    assert not os.path.exists(data["train"])
 
 
 def _disk_full(path) -> OSError:

@@ -223,3 +223,13 @@ def test_data_csv_reads_text_columns_as_written_and_only_empty_cells_as_missing(
     assert loaded["label"] == ["None", "positive", "None", "negative", "positive"]
     inputs = read_inputs(tmp_path / "test.tsv", text_columns=["text"])
     assert inputs["text"] == ["42", "nan"] and inputs["score"] == [1, 2]  # other columns keep pandas' typing
+
+
+def test_data_csv_header_naming_a_column_twice_is_an_error(tmp_path):
+    # pandas renamed the second "text" to "text.1" without a word: the first column was read as the text.
+    (tmp_path / "inputs.csv").write_text("text,label,text\ngood film,positive,awful plot\n")
+    with pytest.raises(DataError, match=rf"^input: {tmp_path / 'inputs.csv'}: the header names column 'text' twice \(columns 1 and 3\)"):
+        read_inputs(tmp_path / "inputs.csv")
+    (tmp_path / "train.tsv").write_text("\ufefftext\tlabel\tlabel\ngood\ta\tb\n")  # after a byte-order mark, too
+    with pytest.raises(DataError, match=rf"^data.files.train: {tmp_path / 'train.tsv'}: the header names column 'label' twice"):
+        load_raw(DataConfig(files={"train": str(tmp_path / "train.tsv")}))
