@@ -110,7 +110,10 @@ class MlmTask(TaskBase):
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column], "input")
-        return inputs.rename_column(self.text_column, "text") if self.text_column != "text" else inputs
+        if self.text_column == "text":
+            return inputs
+        # The configured column is the text; a "text" column beside it is some other field of the row.
+        return inputs.remove_columns([name for name in ["text"] if name in inputs.column_names]).rename_column(self.text_column, "text")
 
     # ----- tokenizer and model ------------------------------------------------------------
     def build_tokenizer(self, raw: DatasetDict | None, model_path: str | None = None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -261,6 +262,18 @@ def test_mlm_csv_corpus_rows_are_the_text_written(tmp_path):
     inputs = tmp_path / "inputs.csv"
     inputs.write_text("text\n42\n")
     assert task.load_inputs(str(inputs))["text"] == ["42"]
+
+
+def test_mlm_inputs_with_a_text_column_beside_the_configured_one_read_the_configured_one(tmp_path):
+    # data.text_column=sentence and an input row that also holds "text": renaming sentence to text raised
+    # datasets' ValueError (a raw traceback from bertpipe predict).
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"sentence": f"the film number {index} was fine"}) + "\n" for index in range(4)))
+    task = MlmTask(mlm_config(tmp_path, corpus, "data.text_column=sentence", "data.validation_fraction=null",
+                              "data.files.validation=" + str(corpus)))
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text(json.dumps({"text": "a note", "sentence": "the [MASK] was fine"}) + "\n")
+    assert task.load_inputs(str(inputs))["text"] == ["the [MASK] was fine"]
 
 
 @pytest.fixture
