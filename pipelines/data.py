@@ -425,8 +425,7 @@ def require_values(split: Dataset, columns: Iterable[str | None], split_name: st
             continue
         if len(empty) == len(split):
             raise DataError(f"split {split_name!r} ({source}) has no {column!r} column, or every {column!r} cell is empty")
-        rows = ", ".join(str(index + 1) for index in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
-        raise DataError(f"split {split_name!r} ({source}), row {rows}: empty {column!r} cell (rows count from 1)")
+        raise DataError(f"split {split_name!r} ({source}), row {row_list(empty)}: empty {column!r} cell (rows count from 1)")
 
 
 def require_one_type(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
@@ -469,6 +468,32 @@ def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str)
             f"split {split!r} has no column(s) {missing}; available columns: {dataset.column_names}. "
             "Set the data.*_column keys to map yours."
         )
+
+
+def row_list(rows: list[int], shown: int = 5) -> str:
+    """0-based row indices -> "2, 5, 9 and 3 more", counting from 1 as every message about rows does."""
+    text = ", ".join(str(row + 1) for row in rows[:shown])
+    return text + (f" and {len(rows) - shown} more" if len(rows) > shown else "")
+
+
+def tokenize_with_lengths(tokenize: Callable[..., Any], columns: list[list[str] | None], max_length: int) -> tuple[dict, list[int]]:
+    """``tokenize(*columns)`` truncated to ``max_length`` tokens, and each row's length before truncation
+    (what a task needs to say which texts were cut: the tokenizer cuts silently).
+
+    Only the rows that are too long are tokenised a second time, with truncation (which keeps the special
+    tokens; a pair is cut in its longer text), so data that fits costs one pass. ``verbose=False``: a text
+    longer than the tokenizer's ``model_max_length`` is expected here and cut below.
+    """
+    encoded = tokenize(*columns, verbose=False)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    long = [row for row, length in enumerate(lengths) if length > max_length]
+    if long:
+        cut = tokenize(*[None if column is None else [column[row] for row in long] for column in columns],
+                       max_length=max_length, truncation=True)
+        for key in encoded:
+            for position, row in enumerate(long):
+                encoded[key][row] = cut[key][position]
+    return dict(encoded), lengths
 
 
 def read_inputs(path: str | Path, *, encoding: str = "utf-8", text_columns: Iterable[str | None] = ()) -> Dataset:

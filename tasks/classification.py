@@ -22,7 +22,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import (
     DataError, finalize_splits, load_raw, read_inputs, require_columns, require_one_type, require_text, require_values,
-    skip_blank_lines, split_source,
+    row_list, skip_blank_lines, split_source, tokenize_with_lengths,
 )
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model
@@ -70,6 +70,8 @@ class ClassificationTask(TaskBase):
         self.label_names: list[str] | None = None
         self.problem_type: str | None = None
         self._metrics: dict[str, Any] = {}
+        self._warned: set[str] = set()
+        self._input_where = "--input"
         if config.data.text_pair_column:
             self.card_pipeline_input = self.card_pair_pipeline_input
 
@@ -194,6 +196,7 @@ class ClassificationTask(TaskBase):
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
         require_values(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
         require_text(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
+        self._input_where = f"--input {path}"
         return inputs
 
     def build_model(self, raw, model_path: str | None = None):
@@ -223,13 +226,35 @@ class ClassificationTask(TaskBase):
             if train and self.problem_type == "single_label":
                 self._check_training_classes(label_ids)
             examples = examples.add_column("__labels", label_ids)
-        return examples.map(
+        features = examples.map(
             _tokenize, batched=True, remove_columns=examples.column_names, num_proc=data.preprocessing_num_workers,
             fn_kwargs={
                 "tokenizer": self.tokenizer, "text_column": self.text_column, "pair_column": data.text_pair_column,
                 "max_length": data.max_seq_length,
+                # datasets hashes a module-level function by its name, not its code: a new argument is
+                # what keeps features cached by a bertpipe without the length column from being reused.
+                "length_column": _LENGTH_COLUMN,
             },
             desc="tokenising",
+        )
+        where = self._input_where if inputs else f"split {(data.train_split if train else data.eval_split)!r}"
+        self._warn_of_cut_texts(features, where, show_rows=inputs or not data.validation_fraction)
+        return features.remove_columns(_LENGTH_COLUMN)
+
+    def _warn_of_cut_texts(self, features: Dataset, where: str, *, show_rows: bool) -> None:
+        """Truncation is silent in the tokenizer: a text cut at ``data.max_seq_length`` is trained on, scored
+        and predicted without its end. Say so once per split or input file, as translation does.
+        Rows are named where they are the file's (a split held out by data.validation_fraction is shuffled)."""
+        lengths = features.with_format("arrow")[_LENGTH_COLUMN].to_numpy()
+        cut = np.flatnonzero(lengths > self.config.data.max_seq_length).tolist()
+        if not cut:
+            return
+        noun = "text pair(s)" if self.config.data.text_pair_column else "text(s)"
+        rows = f" (rows {row_list(cut)}, counting from 1)" if show_rows else ""
+        logger.warning(
+            "%s: %d of %d %s%s are longer than data.max_seq_length=%d tokens (the longest has %d) and are cut there, so "
+            "the model never reads their ends; raise data.max_seq_length",
+            where, len(cut), len(lengths), noun, rows, self.config.data.max_seq_length, int(lengths.max()),
         )
 
     def collator(self, *, train: bool):
@@ -255,6 +280,12 @@ class ClassificationTask(TaskBase):
             result["references"] = np.asarray(features["labels"])
         return result
 
+    def _warn_once(self, kind: str, message: str) -> None:
+        """Evaluation runs every ``train.eval_steps``: a cause that stays (the eval split's own) is said once."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning(message)
+
     def _metric(self, name: str):
         if name not in self._metrics:
             self._metrics[name] = load_metric(name)
@@ -264,11 +295,21 @@ class ClassificationTask(TaskBase):
         references = predictions["references"]
         if self.problem_type == "regression":
             scores = predictions["scores"]
-            return {
-                "pearson": self._metric("pearsonr").compute(predictions=scores, references=references)["pearsonr"],
-                "spearmanr": self._metric("spearmanr").compute(predictions=scores, references=references)["spearmanr"],
-                "mse": float(np.mean((scores - references) ** 2)),
-            }
+            undefined = _undefined_correlation(scores, references)
+            if undefined:
+                # One warning naming the split, instead of one from scipy per metric (or, for a one-example
+                # split, a traceback at the end of training); NaN is written to metrics.json as null.
+                data = self.config.data
+                self._warn_once(
+                    undefined[0],
+                    f"split {data.eval_split!r} ({split_source(data, data.eval_split)}): Pearson and Spearman correlations "
+                    f"are undefined {undefined[1]}; eval pearson and spearmanr are NaN",
+                )
+                pearson = spearman = math.nan
+            else:
+                pearson = self._metric("pearsonr").compute(predictions=scores, references=references)["pearsonr"]
+                spearman = self._metric("spearmanr").compute(predictions=scores, references=references)["spearmanr"]
+            return {"pearson": pearson, "spearmanr": spearman, "mse": float(np.mean((scores - references) ** 2))}
         predicted = predictions["predictions"]
         if self.problem_type == "multi_label":
             predicted, references = predicted.tolist(), references.astype(np.int64).tolist()
@@ -292,6 +333,9 @@ class ClassificationTask(TaskBase):
             predictions=predicted, references=references
         )["matthews_correlation"]
         return metrics
+
+    def input_columns(self) -> tuple[str, ...]:
+        return tuple(name for name in (self.text_column, self.config.data.text_pair_column, "text") if name)
 
     def format_predictions(self, predictions: dict[str, np.ndarray], examples: Dataset) -> list[dict[str, Any]]:
         rows = []
@@ -325,12 +369,29 @@ class ClassificationTask(TaskBase):
         """Classification has nothing beyond the model and metrics to save."""
 
 
-def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_column: str | None, max_length: int) -> dict:
-    """Module-level (not a closure) so that ``datasets`` can hash it and cache the result."""
-    encoded = tokenizer(batch[text_column], batch[pair_column] if pair_column else None, truncation=True, max_length=max_length)
+_LENGTH_COLUMN = "__length"
+
+
+def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_column: str | None, max_length: int,
+              length_column: str) -> dict:
+    """Module-level (not a closure) so that ``datasets`` can hash it and cache the result. Each row's length
+    before truncation goes to ``length_column``, so the task can say what was cut."""
+    encoded, lengths = tokenize_with_lengths(tokenizer, [batch[text_column], batch[pair_column] if pair_column else None], max_length)
+    encoded[length_column] = lengths
     if "__labels" in batch:
         encoded["labels"] = batch["__labels"]
     return encoded
+
+
+def _undefined_correlation(scores: np.ndarray, references: np.ndarray) -> tuple[str, str] | None:
+    """Why no correlation of ``scores`` with ``references`` exists (a kind and the words), or None."""
+    if len(references) < 2:
+        return "count", f"for {len(references)} example(s) (they need 2 or more)"
+    if np.all(references == references[0]):
+        return "references", f"because every reference score is {float(references[0]):g}"
+    if np.all(scores == scores[0]):
+        return "scores", f"because the model predicts the same score ({float(scores[0]):g}) for every example"
+    return None
 
 
 def _score(value: Any, row: int, split_name: str) -> float:

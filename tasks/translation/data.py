@@ -10,9 +10,11 @@ Out: the split with one text column per requested language (errors name split, r
 
 from __future__ import annotations
 
+from functools import partial
+
 from datasets import Dataset, Value
 
-from pipelines.data import DataError
+from pipelines.data import DataError, tokenize_with_lengths
 
 
 def to_language_columns(split: Dataset, languages: list[str], translation_column: str, split_name: str) -> Dataset:
@@ -82,43 +84,16 @@ def strip_decoder_start(label_ids: list[int], decoder_start_token_id: int | None
     return label_ids
 
 
-def row_list(rows: list[int], shown: int = 5) -> str:
-    """0-based row indices -> "2, 5, 9 and 3 more" counting from 1, as pipelines.data's messages do."""
-    text = ", ".join(str(row + 1) for row in rows[:shown])
-    return text + (f" and {len(rows) - shown} more" if len(rows) > shown else "")
-
-
-def _encode(tokenizer, texts: list[str], max_length: int, *, target: bool, **kwargs) -> tuple[dict, list[int]]:
-    """``texts`` tokenised (as targets: ``text_target``) and truncated to ``max_length``, and each one's
-    length before truncation.
-
-    Only the texts that are too long are tokenised a second time, with truncation (which keeps the special
-    tokens), so a corpus that fits costs one pass. ``verbose=False``: a text longer than the tokenizer's
-    ``model_max_length`` is expected here and cut below.
-    """
-    def tokenize(some: list[str], **more):
-        return tokenizer(text_target=some, **kwargs, **more) if target else tokenizer(some, **kwargs, **more)
-
-    encoded = tokenize(texts, verbose=False)
-    lengths = [len(ids) for ids in encoded["input_ids"]]
-    long = [row for row, length in enumerate(lengths) if length > max_length]
-    if long:
-        cut = tokenize([texts[row] for row in long], max_length=max_length, truncation=True)
-        for key in encoded:
-            for position, row in enumerate(long):
-                encoded[key][row] = cut[key][position]
-    return dict(encoded), lengths
-
-
 def _tokenize(batch: dict[str, list], *, tokenizer, source_column: str, target_column: str | None, prefix: str,
               max_source_length: int, max_target_length: int, decoder_start_token_id: int | None) -> dict:
     """Module-level (not a closure) so that ``datasets`` can hash it and cache the result."""
     # A predict input row without a source (kept in place, translated as "") tokenises as "".
     sources = [prefix + (text or "") for text in batch[source_column]]
-    encoded, source_lengths = _encode(tokenizer, sources, max_source_length, target=False, return_token_type_ids=False)
+    encoded, source_lengths = tokenize_with_lengths(partial(tokenizer, return_token_type_ids=False), [sources], max_source_length)
     encoded["source_length"] = source_lengths
     if target_column is not None:
-        labels, target_lengths = _encode(tokenizer, batch[target_column], max_target_length, target=True)
+        labels, target_lengths = tokenize_with_lengths(lambda texts, **options: tokenizer(text_target=texts, **options),
+                                                       [batch[target_column]], max_target_length)
         encoded["target_length"] = target_lengths
         encoded["labels"] = [strip_decoder_start(ids, decoder_start_token_id) for ids in labels["input_ids"]]
     return encoded

@@ -22,12 +22,12 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, skip_blank_lines, split_source
+from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, row_list, skip_blank_lines, split_source
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
 from pipelines.task import TaskBase
 from tasks.translation.build import TranslationModelBuilding
-from tasks.translation.data import _tokenize, empty_rows, require_language_text, row_list, to_language_columns
+from tasks.translation.data import _tokenize, empty_rows, require_language_text, to_language_columns
 from tasks.translation.generation import cut_generations, decode, generated_lengths
 from tasks.translation.options import GENERATED_KEY, GENERATIONS_FILE, SIGNATURE_FILE, TranslationOptions
 
@@ -221,6 +221,9 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
             # metrics.json holds numbers only; the full sacreBLEU signatures go to sacrebleu_signature.json.
             "bleu_lowercased": float(self.lowercase),
         }
+
+    def input_columns(self) -> tuple[str, ...]:
+        return (self.options.source_lang, self.options.translation_column, "text")
 
     def format_predictions(self, predictions: dict[str, Any], examples: Dataset) -> list[dict[str, Any]]:
         sources = examples[self.options.source_lang]

@@ -70,3 +70,41 @@ def test_metrics_squad_v2_gold_text_normalising_to_nothing_is_has_answer():
     # Abstaining on q1 (na 0.9 > 0.5) abstains on an answerable question: no credit.
     strict = metric.compute(predictions=rows, references=_squad_references(gold), no_answer_threshold=0.5)
     assert strict["exact"] == pytest.approx(200 / 3) and strict["HasAns_exact"] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("name", ["pearsonr", "spearmanr"])
+def test_metrics_correlations_of_fewer_than_two_examples_are_nan_with_a_warning(name):
+    # scipy: pearsonr raises ("length at least 2"), spearmanr gives NaN without a word; a constant input
+    # gets NaN and a warning from both, the answer wanted for one example too.
+    with pytest.warns(RuntimeWarning, match="needs 2 or more"):
+        result = load_metric(name).compute(predictions=[0.5], references=[0.4], return_pvalue=True)
+    assert np.isnan(result[name]) and np.isnan(result["p-value"])
+
+
+def test_metrics_seqeval_without_entities_or_words_is_nan_with_one_warning():
+    # An eval split with no entity scored F1 0.0 (a perfect all-O model read as a useless one, and a tie
+    # that kept the first evaluation as the best model) under six numpy warnings; no words raised.
+    import warnings
+
+    seqeval = load_metric("seqeval")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = seqeval.compute(predictions=[["O", "O"], ["O"]], references=[["O", "O"], ["O"]])
+    assert [str(w.message) for w in caught] == [
+        "seqeval: no entities in the references or the predictions; entity precision, recall and F1 are undefined and NaN"
+    ]
+    assert all(np.isnan(result[f"overall_{name}"]) for name in ("precision", "recall", "f1")) and result["overall_accuracy"] == 1.0
+    # Predicted entities and no gold ones: precision and F1 are 0 by definition, recall 0/0 -> zero_division.
+    assert seqeval.compute(predictions=[["B-PER", "O"]], references=[["O", "O"]])["overall_f1"] == 0.0
+    for empty in ([], [[]]):
+        with pytest.warns(RuntimeWarning, match="no words to score"):
+            result = seqeval.compute(predictions=empty, references=empty)
+        assert all(np.isnan(value) for value in result.values())
+
+
+@pytest.mark.parametrize("name", ["sacrebleu", "chrf"])
+def test_metrics_translation_scores_of_no_segments_are_nan_with_a_warning(name):
+    # sacreBLEU's corpus_score([], []) fails with an IndexError from inside sacreBLEU.
+    with pytest.warns(RuntimeWarning, match="no segments to score"):
+        result = load_metric(name).compute(predictions=[], references=[])
+    assert np.isnan(result["score"])

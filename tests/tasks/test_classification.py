@@ -218,3 +218,47 @@ def test_classification_csv_texts_and_labels_are_read_as_written(tmp_path, tiny_
     inputs = tmp_path / "inputs.csv"
     inputs.write_text("text\n42\n")
     assert task.load_inputs(str(inputs))["text"] == ["42"]
+
+
+def test_classification_regression_undefined_correlations_are_nan_with_one_warning_naming_the_split(tmp_path, tiny_bert, caplog):
+    """A one-example eval split made scipy's pearsonr raise at the end of training (a traceback after the
+    whole run); a split of one score gave two anonymous scipy warnings. Now: NaN and one warning."""
+    import warnings
+
+    rows = [{"text": "a", "label": 0.5}, {"text": "b", "label": 4.0}, {"text": "c", "label": 2.5}]
+    for eval_rows, cause in [(rows[:1], "for 1 example"), ([{**row, "label": 3.0} for row in rows], "every reference score is 3")]:
+        task, raw = make_task(tmp_path, tiny_bert, rows, eval_rows)
+        features = task.preprocess(raw["validation"], train=False)
+        logits = np.linspace(0.0, 1.0, len(eval_rows))[:, None]
+        caplog.clear()
+        with warnings.catch_warnings(), caplog.at_level("WARNING", logger="tasks.classification"):
+            warnings.simplefilter("error")  # no scipy warning besides the task's own
+            for _ in range(2):  # evaluated again at the next eval step: said once
+                metrics = task.compute_metrics(task.postprocess({"logits": logits}, features, raw["validation"]), raw["validation"])
+        assert np.isnan(metrics["pearson"]) and np.isnan(metrics["spearmanr"]) and np.isfinite(metrics["mse"])
+        assert len(caplog.records) == 1, caplog.text
+        assert "split 'validation' (data.files.validation: " in caplog.text and cause in caplog.text
+
+
+def test_classification_texts_past_max_seq_length_are_cut_with_a_warning_naming_rows(tmp_path, tiny_bert, caplog):
+    """Truncation to data.max_seq_length was silent in train, evaluate and predict."""
+    long_text = "the story of the film " * 6
+    rows = [{"text": "good", "label": "pos"}, {"text": long_text, "label": "neg"}, {"text": "bad", "label": "neg"},
+            {"text": long_text + "again", "label": "pos"}]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows, "data.max_seq_length=12")
+    reference = task.tokenizer(rows[1]["text"], truncation=True, max_length=12)["input_ids"]
+    with caplog.at_level("WARNING", logger="tasks.classification"):
+        features = task.preprocess(raw["train"], train=True)
+    assert features.column_names == ["input_ids", "token_type_ids", "attention_mask", "labels"]
+    assert features["input_ids"][1] == reference and features["input_ids"][0] == task.tokenizer("good")["input_ids"]
+    assert len(caplog.records) == 1
+    assert "split 'train': 2 of 4 text(s) (rows 2, 4, counting from 1) are longer than data.max_seq_length=12 tokens" in caplog.text
+
+    caplog.clear()
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"text": "fine", "pair": long_text}])
+    task, raw = make_task(tmp_path, tiny_bert, [{**row, "pair": "x"} for row in rows], [{**rows[0], "pair": "y"}],
+                          "data.max_seq_length=12", "data.text_pair_column=pair")
+    with caplog.at_level("WARNING", logger="tasks.classification"):
+        features = task.preprocess(task.load_inputs(str(inputs)), train=False, inputs=True)
+    assert len(features["input_ids"][0]) == 12
+    assert f"--input {inputs}: 1 of 1 text pair(s) (rows 1, counting from 1) are longer than data.max_seq_length=12" in caplog.text

@@ -9,6 +9,9 @@ Options as in ``sacrebleu.CHRF``: ``char_order`` (6), ``word_order`` (0 = chrF, 
 ``beta`` (2: recall weighs twice precision), ``lowercase``, ``whitespace`` (count spaces as characters).
 """
 
+import math
+import warnings
+
 import datasets
 import evaluate
 import sacrebleu as scb
@@ -32,6 +35,11 @@ class ChrF(evaluate.Metric):
             raise ValueError(f"chrF needs the same number of references per segment; got counts {sorted(counts)}")
         streams = [[refs[i] for refs in references] for i in range(counts.pop() if counts else 0)]
         chrf = scb.CHRF(char_order=char_order, word_order=word_order, beta=beta, lowercase=lowercase, whitespace=whitespace)
+        if not predictions:
+            # sacreBLEU fails on an empty corpus with an IndexError; chrF of no segment is undefined.
+            warnings.warn("chrf: no segments to score; chrF is undefined and NaN", RuntimeWarning, stacklevel=3)
+            return {"score": math.nan, "char_order": char_order, "word_order": word_order, "beta": beta,
+                    "signature": None}  # nrefs: unknown
         result = chrf.corpus_score(list(predictions), streams)
         return {
             "score": float(result.score),

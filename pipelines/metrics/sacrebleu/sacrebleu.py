@@ -10,6 +10,9 @@ Options: ``tokenize`` (sacreBLEU tokeniser, default ``13a`` as in WMT), ``lowerc
 BLEU), ``smooth_method``/``smooth_value`` and ``use_effective_order`` as in ``sacrebleu.BLEU``.
 """
 
+import math
+import warnings
+
 import datasets
 import evaluate
 import sacrebleu as scb
@@ -36,6 +39,12 @@ class SacreBLEU(evaluate.Metric):
         streams = [[refs[i] for refs in references] for i in range(counts.pop() if counts else 0)]
         bleu = scb.BLEU(tokenize=tokenize, lowercase=lowercase, smooth_method=smooth_method,
                         smooth_value=smooth_value, effective_order=use_effective_order)
+        if not predictions:
+            # sacreBLEU fails on an empty corpus with an IndexError; BLEU of no segment is undefined.
+            warnings.warn("sacrebleu: no segments to score; BLEU is undefined and NaN", RuntimeWarning, stacklevel=3)
+            orders = bleu.max_ngram_order
+            return {"score": math.nan, "counts": [0] * orders, "totals": [0] * orders, "precisions": [math.nan] * orders,
+                    "bp": math.nan, "sys_len": 0, "ref_len": 0, "signature": None}  # nrefs: unknown
         result = bleu.corpus_score(list(predictions), streams)
         return {
             "score": float(result.score),

@@ -8,7 +8,12 @@ In:  predictions and references: one list of string tags per sentence (``O``, ``
 Out: ``overall_precision``, ``overall_recall``, ``overall_f1`` (micro over entities),
      ``overall_accuracy`` (share of words whose tag is right), and per entity type a dict
      ``{"precision", "recall", "f1", "number"}`` (``number`` = reference entities of that type).
+     With no entity in references and predictions, the overall precision/recall/F1 are NaN (undefined,
+     with a warning), as is every measure with no word at all; other divisions by zero give ``zero_division``.
 """
+
+import math
+import warnings
 
 import datasets
 import evaluate
@@ -45,13 +50,30 @@ class Seqeval(evaluate.Metric):
         for index, (predicted, reference) in enumerate(zip(predictions, references)):
             if len(predicted) != len(reference):
                 raise ValueError(f"sentence {index}: {len(predicted)} predicted tags for {len(reference)} reference tags")
-        report = classification_report(
-            y_true=references, y_pred=predictions, suffix=suffix, output_dict=True,
-            scheme=_SCHEMES[scheme] if scheme else None, mode=mode, zero_division=zero_division,
-        )
+        words = sum(len(reference) for reference in references)
+        if words == 0:
+            # seqeval raises a TypeError (no sentences) or a ZeroDivisionError (empty sentences) here.
+            warnings.warn("seqeval: no words to score; every measure is undefined and NaN", RuntimeWarning, stacklevel=3)
+            return {f"overall_{name}": math.nan for name in ("precision", "recall", "f1", "accuracy")}
+        with warnings.catch_warnings():
+            # Without any entity, the report's macro and weighted averages are means over no type: numpy
+            # warns of an empty mean (six warnings that say nothing to the user).
+            warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+            warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
+            report = classification_report(
+                y_true=references, y_pred=predictions, suffix=suffix, output_dict=True,
+                scheme=_SCHEMES[scheme] if scheme else None, mode=mode, zero_division=zero_division,
+            )
         overall = report.pop("micro avg")
         for average in ("macro avg", "weighted avg"):
             report.pop(average, None)
+        if not report:
+            # No entity in the references or the predictions: precision, recall and F1 are all 0/0. As 0
+            # they read as a model that found nothing of something, and as a tie that makes the first
+            # evaluation the best model; NaN is never the best (pipelines/train.py) and metrics.json says null.
+            warnings.warn("seqeval: no entities in the references or the predictions; entity precision, recall and F1 "
+                          "are undefined and NaN", RuntimeWarning, stacklevel=3)
+            overall = {"precision": math.nan, "recall": math.nan, "f1-score": math.nan}
         scores = {
             entity_type: {
                 "precision": float(values["precision"]), "recall": float(values["recall"]),
