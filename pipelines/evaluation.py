@@ -12,10 +12,11 @@ Out: the task's example-level predictions and a flat ``{"eval_<name>": value}`` 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 from pipelines.batching import eval_dataloader
 from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
 from pipelines.config import DataConfig, RunConfig
-from pipelines.data import split_source
+from pipelines.data import read_inputs, split_source
 from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import (
     MERGED_DIR, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
@@ -35,6 +36,8 @@ from pipelines.onnx_model import is_export_dir
 from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, data_files_by_key, write_json
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
+
+logger = logging.getLogger(__name__)
 
 
 def concat_padded(chunks: list[np.ndarray], pad_value: float) -> np.ndarray:
@@ -176,7 +179,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
         accelerator, model, loader, task, order=sampler.order, description="predict", mixed_precision=accelerator.mixed_precision != "no"
     )
     predictions = task.postprocess(outputs, features, examples)
-    rows = task.format_predictions(predictions, examples)
+    rows = with_input_columns(task.format_predictions(predictions, examples), input_path, task.input_columns(), config.data.encoding)
     if accelerator.is_main_process:
         output = Path(output_path)
         partial = output.with_name(output.name + ".partial")
@@ -192,6 +195,41 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
                 partial.unlink(missing_ok=True)
                 raise
     return len(rows)
+
+
+# Inputs whose rows are rows of one table. Not .json (a nested SQuAD file is one object, not rows), .txt
+# (its one column is the text) or .conll (words and tags only).
+_TABLE_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet")
+
+
+def with_input_columns(rows: list[dict[str, Any]], input_path: str, read_columns: Iterable[str], encoding: str) -> list[dict[str, Any]]:
+    """Each prediction row followed by its input row's other columns (an ``id``, a gold label, a date),
+    so predictions join back to the data they came from.
+
+    The columns the task reads (the text, under whatever name) are left out, as is any column named like
+    a field of the prediction (the prediction wins; one warning names it). Every task writes one
+    prediction row per row of a table input, in order.
+    """
+    suffix = Path(input_path).suffix.lower()
+    if suffix not in _TABLE_SUFFIXES:
+        return rows
+    read_columns = set(read_columns)
+    table = read_inputs(input_path, encoding=encoding)
+    carried = [name for name in table.column_names if name not in read_columns]
+    if not carried:
+        return rows
+    if suffix in (".csv", ".tsv"):
+        # A csv cell has no type: an id "007" is copied as written, not as pandas' guess, the number 7.
+        table = read_inputs(input_path, encoding=encoding, text_columns=carried)
+    if len(table) != len(rows):
+        raise RuntimeError(f"{len(rows)} predictions for the {len(table)} rows of {input_path}: a task must predict each row once")
+    fields = {field for row in rows for field in row}
+    clashing = sorted(name for name in carried if name in fields)
+    if clashing:
+        logger.warning("%s: column(s) %s share names with prediction fields and are not copied into the output; rename them to keep them",
+                       input_path, clashing)
+    values = {name: table[name] for name in carried if name not in fields}
+    return [{**row, **{name: column[index] for name, column in values.items()}} for index, row in enumerate(rows)]
 
 
 def check_prediction_output(run_dir: str, input_path: str, output_path: str, *, data: DataConfig | None = None) -> None:

@@ -12,6 +12,7 @@ this order:
     postprocess(outputs, features, examples) -> predictions at the example level
     compute_metrics(predictions, examples)   -> flat {name: float} (no ``eval_`` prefix)
     format_predictions(predictions, examples) -> one JSON-able dict per example (``bertpipe predict``)
+    input_columns()              -> the predict input columns read; the others are copied to the output
 
 The class attributes carry the facts ``pipelines/`` needs about a task (Auto class, peft task type,
 ONNX outputs, model-card usage), so a new task needs no edit there.
@@ -85,6 +86,10 @@ class Task(Protocol):
     def compute_metrics(self, predictions: Any, examples: Dataset) -> dict[str, float]: ...
 
     def format_predictions(self, predictions: Any, examples: Dataset) -> list[dict[str, Any]]: ...
+
+    def input_columns(self) -> tuple[str, ...]:
+        """The columns of a ``predict`` input row the task reads (its text, under each name it accepts); the
+        row's other columns (an ``id``, a gold label) are copied into its prediction row."""
 
     def pipeline_inputs(self, examples: Dataset) -> list[Any] | None:
         """What ``pipeline(pipeline_tag)`` takes for ``examples`` (from ``load_inputs``), for the prediction

@@ -89,6 +89,21 @@ def test_cli_predict_writes_one_object_per_input(trained_run, tmp_path):
     assert all(abs(sum(row["scores"].values()) - 1) < 1e-4 for row in rows)
 
 
+def test_cli_predict_copies_each_input_rows_other_columns_into_its_prediction(trained_run, tmp_path):
+    # Only the text reached the output: predictions could not be joined back to the data by id.
+    inputs = tmp_path / "inputs.csv"
+    inputs.write_text("id,sentence,label,note\n007,the film was superb,positive,first\n008,awful and dull plot,positive,\n")
+    output = tmp_path / "predictions.jsonl"
+    result = run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(output))
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [(row["id"], row["note"], row["text"]) for row in rows] == [
+        ("007", "first", "the film was superb"), ("008", None, "awful and dull plot")]  # a csv cell as written
+    assert "sentence" not in rows[0]  # the text, read by the task, is the output's "text"
+    # A gold label column has the prediction's name: the prediction wins and stderr says so.
+    assert [row["label"] for row in rows] == ["positive", "negative"]
+    assert "column(s) ['label'] share names with prediction fields and are not copied" in result.stderr
+
+
 def test_cli_predict_reads_inputs_in_the_encoding_given(trained_run, tmp_path):
     inputs = tmp_path / "inputs.txt"
     inputs.write_bytes("the film was superb\nawful, dull plot: a déjà vu\n".encode("latin-1"))

@@ -145,11 +145,12 @@ def test_cli_ner_predict_raw_text_and_pre_tokenized(ner_setup, tmp_path):
     assert rows[1]["entities"] == []
     assert [(e["entity_group"], e["word"]) for e in rows[2]["entities"]] == [("PER", "chen novak"), ("LOC", "oslo")]
 
-    tokens_input = write_jsonl(tmp_path / "tokens.jsonl", [{"tokens": ["elena", "garcia", "saw", "lima"]}])
+    tokens_input = write_jsonl(tmp_path / "tokens.jsonl", [{"tokens": ["elena", "garcia", "saw", "lima"], "doc": {"id": 7, "page": 2}}])
     tokens_output = tmp_path / "tokens-out.jsonl"
     run_cli("predict", str(run), "--input", str(tokens_input), "--output", str(tokens_output))
     [row] = [json.loads(line) for line in tokens_output.read_text().splitlines()]
     assert row["tags"] == ["B-PER", "I-PER", "O", "B-LOC"]
+    assert row["doc"] == {"id": 7, "page": 2}  # the input's other columns, copied as they were
     assert [(e["entity_group"], e["word"], e["start"], e["end"], e["start_word"], e["end_word"]) for e in row["entities"]] == [
         ("PER", "elena garcia", 0, 12, 0, 2), ("LOC", "lima", 17, 21, 3, 4)]
 

@@ -107,14 +107,16 @@ def test_cli_qa_evaluate_matches_training_metrics(trained_run):
 def test_cli_qa_predict_and_the_registered_pipeline_agree(trained_run, tmp_path):
     long_context = " ".join(["the film was a story with very and plot"] * 4 + ["grace"] + ["it is of scenes"] * 3)
     rows = [
-        {"id": "short", "question": QUESTION, "context": "the plot was dull and bob was fine"},
-        {"question": QUESTION, "context": long_context},  # several windows; no id
+        {"id": "short", "question": QUESTION, "context": "the plot was dull and bob was fine", "source": "a"},
+        {"question": QUESTION, "context": long_context, "source": "b"},  # several windows; no id
     ]
     inputs = write_jsonl(tmp_path / "inputs.jsonl", rows)
     output = tmp_path / "answers.jsonl"
     run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(output))
     answers = [json.loads(line) for line in output.read_text().splitlines()]
     assert [a["id"] for a in answers] == ["short", "1"]
+    assert [a["source"] for a in answers] == ["a", "b"]  # the input's other columns, copied; the context is not
+    assert all("context" not in a for a in answers)
     assert [a["answer"] for a in answers] == ["bob", "grace"]
     for row, answer in zip(rows, answers):
         assert row["context"][answer["start"] : answer["end"]] == answer["answer"]

@@ -139,6 +139,7 @@ def test_cli_translation_predict_keeps_rows_in_place_and_says_what_was_cut(train
                      "translation.empty_lines=skip", "translation.max_new_tokens=2")
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [row["source"] for row in rows] == sources and rows[1]["translation_text"] == ""
+    assert [row["id"] for row in rows] == [0, 1, 2, 3]  # the input's other columns, copied: predictions join back by id
     assert "1 row(s) with an empty 'de' (rows 2, counting from 1) are not translated" in result.stderr
     assert "1 of 4 source(s) (rows 3, counting from 1) are longer than data.max_seq_length=16 tokens (the longest has 26)" in result.stderr
     assert "of 4 translation(s) (rows 1, 3, 4, counting from 1, in output order) reached translation.max_new_tokens=2" in result.stderr

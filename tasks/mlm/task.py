@@ -379,6 +379,9 @@ class MlmTask(TaskBase):
             metrics["nsp_accuracy"] = float(np.mean(predictions["nsp_correct"]))
         return metrics
 
+    def input_columns(self) -> tuple[str, ...]:
+        return (self.text_column, "text")
+
     def format_predictions(self, predictions: list[dict[str, Any]], examples: Dataset) -> list[dict[str, Any]]:
         return [{"text": text, **filled} for text, filled in zip(examples["text"], predictions)]
 

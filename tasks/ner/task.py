@@ -326,6 +326,9 @@ class NerTask(TaskBase):
                 metrics[f"{entity_type}_{name}"] = values[name]
         return metrics
 
+    def input_columns(self) -> tuple[str, ...]:
+        return ("text", self.tokens_column)
+
     def format_predictions(self, predictions: dict[str, Any], examples: Dataset) -> list[dict[str, Any]]:
         rows = []
         raw_text = "text" in examples.column_names

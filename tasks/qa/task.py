@@ -232,6 +232,9 @@ else:
         scores["exact_match"] = scores.pop("exact")
         return scores
 
+    def input_columns(self) -> tuple[str, ...]:
+        return ("id", "question", "context")
+
     def format_predictions(self, predictions: list[dict[str, Any]], examples: Dataset) -> list[dict[str, Any]]:
         rows = []
         for identifier, question, prediction in zip(examples["id"], examples["question"], predictions):
