@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
+import hashlib
 import json
 import logging
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -468,6 +471,32 @@ def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str)
             f"split {split!r} has no column(s) {missing}; available columns: {dataset.column_names}. "
             "Set the data.*_column keys to map yours."
         )
+
+
+@functools.cache
+def _source_fingerprint(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+class KeyedOnCode:
+    """A ``Dataset.map`` function whose cache key covers bertpipe's source code, not only its name.
+
+    ``datasets`` hashes a module-level function by reference (module and name): after an upgrade that
+    changes how a task tokenises (how NER splits words, what classification records), ``map`` reused the
+    features the old code had cached for the same data and tokenizer, without a word. Wrapped, the key
+    also holds a digest of the ``pipelines`` package and of the function's own top-level package.
+    """
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+        packages = {Path(__file__).parent, Path(sys.modules[function.__module__.partition(".")[0]].__file__).parent}
+        self.code = "+".join(_source_fingerprint(folder) for folder in sorted(packages))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **kwargs)
 
 
 def row_list(rows: list[int], shown: int = 5) -> str:

@@ -21,7 +21,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import (
-    DataError, finalize_splits, load_raw, read_inputs, require_columns, require_one_type, require_text, require_values,
+    DataError, KeyedOnCode, finalize_splits, load_raw, read_inputs, require_columns, require_one_type, require_text, require_values,
     row_list, skip_blank_lines, split_source, tokenize_with_lengths,
 )
 from pipelines.metrics import load_metric
@@ -227,13 +227,10 @@ class ClassificationTask(TaskBase):
                 self._check_training_classes(label_ids)
             examples = examples.add_column("__labels", label_ids)
         features = examples.map(
-            _tokenize, batched=True, remove_columns=examples.column_names, num_proc=data.preprocessing_num_workers,
+            KeyedOnCode(_tokenize), batched=True, remove_columns=examples.column_names, num_proc=data.preprocessing_num_workers,
             fn_kwargs={
                 "tokenizer": self.tokenizer, "text_column": self.text_column, "pair_column": data.text_pair_column,
                 "max_length": data.max_seq_length,
-                # datasets hashes a module-level function by its name, not its code: a new argument is
-                # what keeps features cached by a bertpipe without the length column from being reused.
-                "length_column": _LENGTH_COLUMN,
             },
             desc="tokenising",
         )
@@ -372,12 +369,11 @@ class ClassificationTask(TaskBase):
 _LENGTH_COLUMN = "__length"
 
 
-def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_column: str | None, max_length: int,
-              length_column: str) -> dict:
+def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_column: str | None, max_length: int) -> dict:
     """Module-level (not a closure) so that ``datasets`` can hash it and cache the result. Each row's length
-    before truncation goes to ``length_column``, so the task can say what was cut."""
+    before truncation goes to ``_LENGTH_COLUMN``, so the task can say what was cut."""
     encoded, lengths = tokenize_with_lengths(tokenizer, [batch[text_column], batch[pair_column] if pair_column else None], max_length)
-    encoded[length_column] = lengths
+    encoded[_LENGTH_COLUMN] = lengths
     if "__labels" in batch:
         encoded["labels"] = batch["__labels"]
     return encoded

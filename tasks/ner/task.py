@@ -23,7 +23,7 @@ from pydantic import Field
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_split_files, read_inputs
+from pipelines.data import DataError, KeyedOnCode, finalize_splits, load_split_files, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import encode_words_as_in_running_text, load_model
@@ -260,7 +260,7 @@ class NerTask(TaskBase):
         labelled = "tags" in examples.column_names
         label2id = {name: index for index, name in enumerate(self.label_names)}
         return examples.map(
-            tokenize_and_align, batched=True, with_indices=True, remove_columns=examples.column_names,
+            KeyedOnCode(tokenize_and_align), batched=True, with_indices=True, remove_columns=examples.column_names,
             num_proc=self.config.data.preprocessing_num_workers,
             fn_kwargs={
                 "tokenizer": self.tokenizer, "max_length": self.max_length, "stride": self.options.stride,

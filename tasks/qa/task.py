@@ -21,7 +21,7 @@ from pydantic import Field
 from transformers import AutoModelForQuestionAnswering
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, load_split_files, require_columns
+from pipelines.data import DataError, KeyedOnCode, finalize_splits, load_raw, load_split_files, require_columns
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model
 from pipelines.outputs import write_json
@@ -153,7 +153,7 @@ else:
         if train:
             examples = self._drop_or_fail_mismatches(examples)
         features = examples.map(
-            prepare_features, batched=True, with_indices=True, remove_columns=examples.column_names,
+            KeyedOnCode(prepare_features), batched=True, with_indices=True, remove_columns=examples.column_names,
             num_proc=data.preprocessing_num_workers,
             fn_kwargs={"tokenizer": self.tokenizer, "max_length": data.max_seq_length, "doc_stride": options.doc_stride, "train": train},
             desc="windows" + (" (train)" if train else ""),

@@ -14,7 +14,7 @@ from functools import partial
 
 from datasets import Dataset, Value
 
-from pipelines.data import DataError, tokenize_with_lengths
+from pipelines.data import DataError, KeyedOnCode, tokenize_with_lengths
 
 
 def to_language_columns(split: Dataset, languages: list[str], translation_column: str, split_name: str) -> Dataset:
@@ -30,7 +30,7 @@ def to_language_columns(split: Dataset, languages: list[str], translation_column
         )
     present = [lang for lang in languages if lang in split.column_names]
     return split.map(
-        _unpack_translation, batched=True, with_indices=True, remove_columns=[translation_column, *present],
+        KeyedOnCode(_unpack_translation), batched=True, with_indices=True, remove_columns=[translation_column, *present],
         fn_kwargs={"languages": languages, "translation_column": translation_column, "split_name": split_name},
         desc="unpacking translation dicts",
     )

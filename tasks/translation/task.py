@@ -22,7 +22,9 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, row_list, skip_blank_lines, split_source
+from pipelines.data import (
+    DataError, KeyedOnCode, finalize_splits, load_raw, read_inputs, row_list, skip_blank_lines, split_source,
+)
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
 from pipelines.task import TaskBase
@@ -128,7 +130,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         # still [CLS]: the rule is the decoder start, not how the run began.
         decoder_start = self._special_ids()["decoder_start_token_id"] if self.warm_start else self.checkpoint_decoder_start
         features = examples.map(
-            _tokenize, batched=True, remove_columns=examples.column_names,
+            KeyedOnCode(_tokenize), batched=True, remove_columns=examples.column_names,
             num_proc=self.config.data.preprocessing_num_workers,
             fn_kwargs={
                 "tokenizer": self.tokenizer, "source_column": src,

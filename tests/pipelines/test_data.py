@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from pipelines.config import DataConfig
-from pipelines.data import DataError, check_decodes, finalize_splits, load_raw, read_inputs, require_columns
+from pipelines.data import DataError, KeyedOnCode, check_decodes, finalize_splits, load_raw, read_inputs, require_columns
 
 
 def write_rows(path, rows, sep=None):
@@ -233,3 +234,32 @@ def test_data_csv_header_naming_a_column_twice_is_an_error(tmp_path):
     (tmp_path / "train.tsv").write_text("\ufefftext\tlabel\tlabel\ngood\ta\tb\n")  # after a byte-order mark, too
     with pytest.raises(DataError, match=rf"^data.files.train: {tmp_path / 'train.tsv'}: the header names column 'label' twice"):
         load_raw(DataConfig(files={"train": str(tmp_path / "train.tsv")}))
+
+
+def test_data_map_functions_are_cached_by_their_code_not_only_their_name(tmp_path, monkeypatch):
+    # datasets keys a module-level function's cache by module and name: features cached by an older bertpipe
+    # (another word split, another truncation) were reused after an upgrade, without a word.
+    import importlib
+
+    import datasets
+
+    from pipelines import data as data_module
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"text": "ab c"}) + "\n")
+    package = tmp_path / "mytasks"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    results = {}
+    for version, body in (("old", "text.split()"), ("new", "list(text)")):
+        (package / "words.py").write_text(f"def split(batch):\n    return {{'words': [{body} for text in batch['text']]}}\n")
+        for name in [name for name in sys.modules if name.startswith("mytasks")]:
+            del sys.modules[name]
+        data_module._source_fingerprint.cache_clear()
+        function = importlib.import_module("mytasks.words").split
+        split = datasets.load_dataset("json", data_files=str(rows), cache_dir=str(tmp_path / "cache"))["train"]
+        results[version] = split.map(function, batched=True)["words"], split.map(KeyedOnCode(function), batched=True)["words"]
+    assert results["old"] == ([["ab", "c"]], [["ab", "c"]])
+    assert results["new"][0] == [["ab", "c"]]  # datasets alone: the old code's cached features
+    assert results["new"][1] == [["a", "b", " ", "c"]]
