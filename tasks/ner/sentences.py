@@ -100,7 +100,7 @@ def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any
         loaded = loaded["data"]
     if not isinstance(loaded, list) or not all(isinstance(row, dict) for row in loaded):
         raise DataError(f"{path}: expected a list of objects (or {{'data': [...]}}), one per sentence")
-    return [{**row, "location": f"{path}, record {index}"} for index, row in enumerate(loaded)]
+    return [{**row, "location": f"{path}, record {index}"} for index, row in enumerate(loaded, start=1)]
 
 
 def sentences_dataset(rows: list[dict[str, Any]]) -> Dataset:

@@ -141,7 +141,7 @@ class NerTask(TaskBase):
             tag_column = self._tag_column(table.column_names, str(path))
             return [
                 {"tokens": tokens, "tags": tags, "location": f"{path}, row {index}"}
-                for index, (tokens, tags) in enumerate(zip(table[self.tokens_column], table[tag_column]))
+                for index, (tokens, tags) in enumerate(zip(table[self.tokens_column], table[tag_column]), start=1)
             ]
         raise DataError(f"{path}: unsupported file type {suffix!r} for ner; use .txt/.conll (CoNLL columns), .json/.jsonl or .parquet")
 
@@ -189,7 +189,7 @@ class NerTask(TaskBase):
             class_names = class_label_names(split, tag_column)
             ids = list(split["id"]) if "id" in split.column_names else None
             locations = [
-                f"{dataset_path} split {split_name!r}, row {row}" + (f" (id {ids[row]})" if ids else "") for row in range(len(split))
+                f"{dataset_path} split {split_name!r}, row {row + 1}" + (f" (id {ids[row]})" if ids else "") for row in range(len(split))
             ]
             if class_names is not None:
                 tags = [[class_names[t] if 0 <= t < len(class_names) else t for t in sentence] for sentence in tags]
@@ -210,8 +210,8 @@ class NerTask(TaskBase):
             tokens = [list(words) for words in inputs[self.tokens_column]]
             for index, words in enumerate(tokens):
                 if any(not isinstance(word, str) for word in words):
-                    raise DataError(f"{path}, row {index}: {self.tokens_column!r} must be a list of strings")
-            return Dataset.from_dict({"tokens": tokens, "location": [f"{path}, row {i}" for i in range(len(tokens))]})
+                    raise DataError(f"{path}, row {index + 1}: {self.tokens_column!r} must be a list of strings")
+            return Dataset.from_dict({"tokens": tokens, "location": [f"{path}, row {i + 1}" for i in range(len(tokens))]})
         if "text" not in inputs.column_names:
             raise DataError(f"{path}: each input needs a 'text' string or a {self.tokens_column!r} word list; found {inputs.column_names}")
         texts = [text or "" for text in inputs["text"]]

@@ -116,7 +116,7 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
     if isinstance(document, dict) and "data" in document:
         return flatten_squad_json(document, str(path))
     if isinstance(document, list):
-        return [flat_row(row, f"{path}: item {i}", str(i)) for i, row in enumerate(document)]
+        return [flat_row(row, f"{path}: item {i + 1}", str(i)) for i, row in enumerate(document)]
     if isinstance(document, dict):
         return [flat_row(document, f"{path}: line 1", "0")]
     # Neither one JSON document nor nested SQuAD: JSON lines, one flat row each.

@@ -115,7 +115,7 @@ else:
     def _normalise_hub_split(self, split: Dataset, name: str) -> Dataset:
         require_columns(split, ["question", "context"], name)
         rows = split.to_list()
-        return rows_to_dataset([flat_row(row, f"split {name!r}, row {i}", str(i)) for i, row in enumerate(rows)])
+        return rows_to_dataset([flat_row(row, f"split {name!r}, row {i + 1}", str(i)) for i, row in enumerate(rows)])
 
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data

@@ -12,8 +12,8 @@ from pipelines.data import DataError
 from pipelines.metrics import load_metric
 from tasks import get_task
 from tasks.ner import (
-    IGNORE_INDEX, NerTask, align_labels, b_to_i_map, check_sentence, first_piece_words, join_words,
-    order_labels, read_conll, select_word_predictions, split_words, tokenize_and_align, word_entities, word_windows,
+    IGNORE_INDEX, NerTask, align_labels, b_to_i_map, check_sentence, first_piece_words, join_words, order_labels,
+    read_conll, read_json_rows, select_word_predictions, split_words, tokenize_and_align, word_entities, word_windows,
 )
 from tests.conftest import REPO_ROOT, build_tiny_bert, shared_path
 
@@ -195,6 +195,16 @@ def test_ner_predict_reads_a_conll_file_of_tokens_without_tags(tmp_path):
     assert inputs["tokens"] == [["Peter", "Blackburn"], ["Rome"]] and inputs["location"] == [f"{path}:3", f"{path}:6"]
     with pytest.raises(DataError, match=rf"{path}:3: a CoNLL line needs a token and a tag column"):
         read_conll(path)
+
+
+def test_ner_rows_of_json_and_parquet_files_count_from_1_as_every_other_message_does(tmp_path):
+    # They counted from 0: "row 1" named the second row of a jsonl input, "record 0" the first of a json list.
+    task = _task(tmp_path, {"train": _write(tmp_path / "train.txt", CONLL)})
+    inputs = _write(tmp_path / "inputs.jsonl", json.dumps({"tokens": ["Rome"]}) + "\n" + json.dumps({"tokens": ["Rome", 7]}) + "\n")
+    with pytest.raises(DataError, match=rf"{inputs}, row 2: 'tokens' must be a list of strings"):
+        task.load_inputs(str(inputs))
+    listed = _write(tmp_path / "listed.json", json.dumps([{"tokens": ["Rome"], "ner_tags": ["B-LOC"]}]))
+    assert [row["location"] for row in read_json_rows(listed)] == [f"{listed}, record 1"]
 
 
 def test_ner_read_conll_wrong_column_count_names_file_and_line(tmp_path):
