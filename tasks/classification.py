@@ -111,8 +111,9 @@ class ClassificationTask(TaskBase):
     def _label_ids(self, split: Dataset, split_name: str) -> list[Any]:
         """Label column -> ids (or multi-hot / floats), failing on a label outside the label set."""
         column = split[self.label_column]
+        where = f"split {split_name!r} ({split_source(self.config.data, split_name)})"
         if self.problem_type == "regression":
-            return [_score(value, row, split_name) for row, value in enumerate(column)]
+            return [_score(value, row, where) for row, value in enumerate(column)]
         feature = split.features[self.label_column]
         class_label = feature if isinstance(feature, ClassLabel) else getattr(feature, "feature", None)
         class_names = list(class_label.names) if isinstance(class_label, ClassLabel) else None
@@ -122,7 +123,7 @@ class ClassificationTask(TaskBase):
         def to_id(value: Any, row: int) -> int:
             if named and int(value) < 0:
                 raise DataError(
-                    f"split {split_name!r}, row {row + 1} (rows count from 1): label {value} means 'unlabelled'; "
+                    f"{where}, row {row + 1} (rows count from 1): label {value} means 'unlabelled'; "
                     "this split cannot be evaluated"
                 )
             if class_names == self.label_names:
@@ -134,7 +135,7 @@ class ClassificationTask(TaskBase):
                 name = str(int(value))  # labels 0/1 of a file that writes them 0.0/1.0
             if name not in label2id:
                 raise DataError(
-                    f"split {split_name!r}, row {row + 1} (rows count from 1): label {value!r} is not in the label set "
+                    f"{where}, row {row + 1} (rows count from 1): label {value!r} is not in the label set "
                     f"{self.label_names}"
                 )
             return label2id[name]
@@ -390,12 +391,12 @@ def _undefined_correlation(scores: np.ndarray, references: np.ndarray) -> tuple[
     return None
 
 
-def _score(value: Any, row: int, split_name: str) -> float:
+def _score(value: Any, row: int, where: str) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
         raise DataError(
-            f"split {split_name!r}, row {row + 1} (rows count from 1): label {value!r} is not a number; "
+            f"{where}, row {row + 1} (rows count from 1): label {value!r} is not a number; "
             "a regression run needs a numeric score in every row"
         ) from None
 

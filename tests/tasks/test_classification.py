@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -38,7 +40,9 @@ def test_classification_string_labels_sorted_and_mapped(tmp_path, tiny_bert):
 def test_classification_label_outside_the_set_names_split_and_row(tmp_path, tiny_bert):
     task, raw = make_task(tmp_path, tiny_bert, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}],
                           [{"text": "a", "label": "x"}, {"text": "c", "label": "z"}])
-    with pytest.raises(DataError, match=r"'validation', row 2 \(rows count from 1\): label 'z' is not in the label set \['x', 'y'\]"):
+    # The file is named too: the message named the split alone.
+    source = re.escape(f"(data.files.validation: {task.config.data.files['validation']})")
+    with pytest.raises(DataError, match=rf"split 'validation' {source}, row 2 \(rows count from 1\): label 'z' is not in the label set \['x', 'y'\]"):
         task.preprocess(raw["validation"], train=False)
 
 
@@ -113,7 +117,7 @@ def test_classification_label_error_names_the_configured_train_split(tmp_path, t
     task = ClassificationTask(load_config(config_path, [], lambda name: get_task(name).Options))
     raw = task.load()
     task.build_tokenizer(raw)
-    with pytest.raises(DataError, match=r"split 'fit', row 2 .*label 'z' is not in the label set"):
+    with pytest.raises(DataError, match=r"split 'fit' \(data.files.fit: .*\), row 2 .*label 'z' is not in the label set"):
         task.preprocess(raw["fit"], train=True)
 
 
@@ -187,7 +191,7 @@ def test_classification_finished_runs_head_fixes_the_problem_type_of_the_eval_sp
     regression = finished_run("regression", [{"text": "good", "label": 4.5}, {"text": "bad", "label": 0.5}])
     task, features = eval_features(regression, [{"text": "fine", "label": 4}, {"text": "awful", "label": 1}])
     assert task.problem_type == "regression" and features["labels"] == [4.0, 1.0]
-    with pytest.raises(DataError, match=r"'validation', row 2 \(rows count from 1\): label 'bad' is not a number"):
+    with pytest.raises(DataError, match=r"'validation' \(data.files.validation: .*\), row 2 \(rows count from 1\): label 'bad' is not a number"):
         eval_features(regression, [{"text": "fine", "label": "4"}, {"text": "awful", "label": "bad"}])
 
 
