@@ -449,18 +449,18 @@ def require_one_type(split: Dataset, columns: Iterable[str | None], split_name: 
                 )
 
 
-def require_text(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
-    """Each text column holds strings (a csv column of numbers is read as numbers, which no tokenizer takes)."""
+def require_text(split: Dataset, columns: Iterable[str | None], where: str, *, keys: str = "data.text_column / data.text_pair_column") -> None:
+    """Each text column holds strings: a csv column of numbers is read as numbers and a jsonl column mixing
+    numbers and strings as ``Json`` objects; either would reach the tokenizer and fail there without a name.
+    ``where`` names the split and its file (or the --input), ``keys`` the settings that name the columns. (A
+    column of nulls only is left to :func:`require_values`, which names the empty rows.)"""
     for column in columns:
         if column is None or column not in split.column_names:
             continue
         feature = split.features[column]
-        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null")):
             kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
-            raise DataError(
-                f"split {split_name!r} ({source}): column {column!r} holds {kind} values, not text; "
-                "point data.text_column / data.text_pair_column at a text column"
-            )
+            raise DataError(f"{where}: column {column!r} holds {kind} values, not text; point {keys} at a text column")
 
 
 def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str) -> None:

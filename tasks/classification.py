@@ -176,7 +176,7 @@ class ClassificationTask(TaskBase):
             source = split_source(data, split_name)
             require_values(loaded[split_name], [self.text_column, data.text_pair_column, self.label_column], split_name, source)
             require_one_type(loaded[split_name], [self.label_column], split_name, source)
-            require_text(loaded[split_name], [self.text_column, data.text_pair_column], split_name, source)
+            require_text(loaded[split_name], [self.text_column, data.text_pair_column], f"split {split_name!r} ({source})")
         raw = finalize_splits(loaded, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
             require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_name)
@@ -196,7 +196,7 @@ class ClassificationTask(TaskBase):
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
         require_values(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
-        require_text(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
+        require_text(inputs, [self.text_column, self.config.data.text_pair_column], f"--input {path}")
         self._input_where = f"--input {path}"
         return inputs
 

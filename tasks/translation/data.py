@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from datasets import Dataset, Value
+from datasets import Dataset
 
 from pipelines.data import DataError, KeyedOnCode, tokenize_with_lengths
 
@@ -51,21 +51,6 @@ def _unpack_translation(batch: dict, indices: list[int], *, languages: list[str]
                                 f"under {lang!r}, not text")
             columns[lang].append(pair[lang])
     return columns
-
-
-def require_language_text(split: Dataset, columns: list[str], where: str) -> None:
-    """Each language column holds text. A csv column of numbers is read as numbers and a jsonl column mixing
-    numbers and strings as ``Json`` objects; either would reach the tokenizer and fail there without a name.
-    (A column of nulls only is left to the empty-row check, which names the rows.)"""
-    for column in columns:
-        feature = split.features[column]
-        if isinstance(feature, Value) and feature.dtype in ("string", "large_string", "null"):
-            continue
-        kind = feature.dtype if isinstance(feature, Value) else type(feature).__name__
-        raise DataError(
-            f"{where}: column {column!r} holds {kind} values, not text; translation.source_lang / translation.target_lang "
-            "name the columns of source and target sentences"
-        )
 
 
 def empty_rows(split: Dataset, columns: list[str]) -> list[int]:

@@ -23,13 +23,13 @@ from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataColl
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import (
-    DataError, KeyedOnCode, finalize_splits, load_raw, read_inputs, row_list, skip_blank_lines, split_source,
+    DataError, KeyedOnCode, finalize_splits, load_raw, read_inputs, require_text, row_list, skip_blank_lines, split_source,
 )
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
 from pipelines.task import TaskBase
 from tasks.translation.build import TranslationModelBuilding
-from tasks.translation.data import _tokenize, empty_rows, require_language_text, to_language_columns
+from tasks.translation.data import _tokenize, empty_rows, to_language_columns
 from tasks.translation.generation import cut_generations, decode, generated_lengths
 from tasks.translation.options import GENERATED_KEY, GENERATIONS_FILE, SIGNATURE_FILE, TranslationOptions
 
@@ -86,7 +86,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         """Any supported layout -> columns ``source_lang`` and ``target_lang`` (text), empty pairs handled."""
         src, tgt = self.options.source_lang, self.options.target_lang
         split = to_language_columns(split, [src, tgt], self.options.translation_column, split_name)
-        require_language_text(split, [src, tgt], f"split {split_name!r} ({split_source(self.config.data, split_name)})")
+        require_text(split, [src, tgt], f"split {split_name!r} ({split_source(self.config.data, split_name)})", keys="translation.source_lang / translation.target_lang")
         return self._handle_empty(split, [src, tgt], f"split {split_name!r}")
 
     def _handle_empty(self, split: Dataset, columns: list[str], where: str, *, inputs: bool = False) -> Dataset:
@@ -120,7 +120,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
                     f"{self.options.translation_column!r} dict and no 'text' field; columns: {inputs.column_names}"
                 )
         self._input_where = f"--input {path}"
-        require_language_text(inputs, [src], self._input_where)
+        require_text(inputs, [src], self._input_where, keys="translation.source_lang / translation.target_lang")
         return self._handle_empty(inputs, [src], self._input_where, inputs=True)
 
     # ----- features -----------------------------------------------------------------------
