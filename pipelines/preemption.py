@@ -11,14 +11,18 @@ Out: :class:`StopSignals`, installed around the training loop: it notes the sign
 
 A second signal while the step finishes stops at once, as Ctrl-C does (the checkpoint being written is
 discarded, complete ones are kept). Outside the loop (loading data, the final evaluation and save) the
-signals keep their usual effect: there is no step to stop at there.
+signals keep their usual effect: there is no step to stop at there. :func:`passed_on_to` makes a parent
+that only waits for its worker processes (``bertpipe sweep --workers K``) hand the signal on to them.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+from contextlib import contextmanager
 from types import FrameType, TracebackType
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -70,3 +74,21 @@ class StopSignals:
         dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group)
         number = int(self._flag.item())
         return signal.Signals(number) if number else None
+
+
+@contextmanager
+def passed_on_to(processes: Sequence) -> Iterator[None]:
+    """While the block waits for ``processes`` (``multiprocessing.Process``), a SIGTERM/SIGUSR1 to this process
+    is sent on to each of them that is alive, instead of ending this one alone: the workers would otherwise
+    train on as orphans, and nobody would report how they stopped."""
+    def pass_on(number: int, frame: FrameType | None) -> None:
+        for process in processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, number)
+
+    previous = {number: signal.signal(number, pass_on) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

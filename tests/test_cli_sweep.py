@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -179,6 +180,37 @@ def test_cli_sweep_stopped_by_sigterm_marks_its_trial_failed_and_continues_on_re
     run_cli(*args)
     trials = study_trials(tmp_path / "stopped")
     assert sum(trial.state.name == "COMPLETE" for trial in trials) == 3 and trials[1].state.name == "FAIL"
+
+
+def test_cli_sweep_passes_a_sigterm_on_to_its_workers(tmp_path, tiny_bert, sentiment_files):
+    """`kill PID` of a sweep with --workers ended the parent alone: its workers trained on as orphans and nobody
+    said how the sweep ended. The parent now hands the signal on; each worker stops its trial at a step boundary."""
+    import signal
+    import time
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="parent", max_steps=5000, eval_steps=2500,
+                                   logging_steps=5, mixed_precision="no")
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    sweep = subprocess.Popen([sys.executable, "-m", "tasks.cli", "sweep", str(config), "--trials", "2", "--space", str(space),
+                              "--pruner", "none", "--workers", "2"], cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    logs = [tmp_path / "parent" / "trials" / name / "log.jsonl" for name in ("0000", "0001")]
+    deadline = time.monotonic() + 300
+    while not all(log.is_file() and log.read_text().strip() for log in logs):
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()[1][-3000:]
+        time.sleep(0.05)
+    workers = psutil.Process(sweep.pid).children()
+    sweep.send_signal(signal.SIGTERM)
+    _, stderr = sweep.communicate(timeout=300)
+
+    assert sweep.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert stderr.count("bertpipe sweep: stopped by SIGTERM at step ") == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+    assert {trial.number: trial.state.name for trial in study_trials(tmp_path / "parent")} == {0: "FAIL", 1: "FAIL"}
+    for log in logs:
+        assert json.loads((log.parent / "trial.json").read_text())["state"] == "FAIL"
+        assert [path.name for path in (log.parent / "checkpoints").iterdir()], "each trial checkpointed where it stopped"
 
 
 def test_cli_sweep_bad_space_is_exit_2_naming_key_and_file(tmp_path, tiny_bert, sentiment_files):

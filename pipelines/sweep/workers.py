@@ -91,14 +91,17 @@ def run_workers(plan: SweepPlan, get_task: TaskLookup, workers: int) -> list[str
         return []
     import multiprocessing
 
+    from pipelines.preemption import passed_on_to
+
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()
     processes = [context.Process(target=_worker_main, args=(plan, get_task, index, errors), name=f"sweep-worker-{index}")
                  for index in range(workers)]
     for process in processes:
         process.start()
-    for process in processes:
-        process.join()
+    with passed_on_to(processes):
+        for process in processes:
+            process.join()
     failures = []
     while not errors.empty():
         failures.append(errors.get())
