@@ -70,6 +70,8 @@ class TrainerState:
     """Summed loss (mean over processes) and count of the batches since the last logged step: a
     checkpoint between logging steps must carry them, or the next logged loss and ``train_loss``
     would leave those batches out."""
+    num_processes: int | None = None
+    """Processes that trained up to this checkpoint (None: a checkpoint from before it was recorded)."""
     stopped_early: bool = False
     """Early stopping (or the caller's ``on_evaluate``) ended training at this step; a resume from here
     goes straight to the final evaluation instead of training on."""
@@ -127,6 +129,7 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
+    state.num_processes = accelerator.num_processes
     try:
         accelerator.save_state(str(partial), safe_serialization=True)
         accelerator.wait_for_everyone()
@@ -219,6 +222,7 @@ def load_checkpoint(accelerator: Accelerator, folder: Path) -> TrainerState:
         state = TrainerState.read(folder)
     except Exception as error:
         raise CheckpointError(f"checkpoint {folder} cannot be loaded: {folder / STATE_FILE}: {describe(error)}") from error
+    _check_process_count(folder, state, accelerator.num_processes)
     _check_random_states(folder, accelerator.process_index)
     try:
         accelerator.load_state(str(folder))
@@ -227,6 +231,32 @@ def load_checkpoint(accelerator: Accelerator, folder: Path) -> TrainerState:
         named = f" ({', '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} truncated or not a torch file)" if damaged else ""
         raise CheckpointError(f"checkpoint {folder} cannot be loaded{named}: {type(error).__name__}: {error}") from error
     return state
+
+
+def _check_process_count(folder: Path, state: TrainerState, num_processes: int) -> None:
+    """Refuse a checkpoint written by another number of processes than this run has.
+
+    Every step counter in it (batches read in the epoch, the scheduler's steps) counts per-process
+    batches: resumed by fewer processes, the run skipped only part of the data already trained on,
+    re-planned its length and trained steps the interrupted run never had, silently (2 -> 1 process
+    ended at step 18 of a 12-step run). More processes have no random states to restore.
+    """
+    written_by = state.num_processes
+    if written_by is None:
+        # Written before the count was recorded: random states for a process this run lacks tell it.
+        # (Only those: on storage local to each machine, a folder holds its own processes' files alone.)
+        indices = [int(found.group(1)) for path in folder.glob(f"{RNG_STATE_NAME}_*.pkl")
+                   if (found := re.fullmatch(rf"{RNG_STATE_NAME}_(\d+)\.pkl", path.name))]
+        written_by = max(indices) + 1 if indices and max(indices) >= num_processes else None
+    if written_by is None or written_by == num_processes:
+        return
+    raise CheckpointError(
+        f"checkpoint {folder} was written by a run of {written_by} process{'es' if written_by > 1 else ''}, and this run has "
+        f"{num_processes}: the global batch (train.batch_size per process, times the processes), the data position, the "
+        "learning-rate schedule and each process's random numbers would all change, and the run would end elsewhere than "
+        f"the interrupted one. Resume with {written_by} process{'es' if written_by > 1 else ''} (accelerate launch "
+        f"--num_processes {written_by}), or start a new run (another output_dir, or overwrite=true)."
+    )
 
 
 def _check_random_states(folder: Path, process_index: int) -> None:

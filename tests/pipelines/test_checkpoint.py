@@ -142,3 +142,35 @@ def test_checkpoint_resume_names_the_truncated_file(prepared, name):
     damaged.write_bytes(damaged.read_bytes()[:20])
     with pytest.raises(CheckpointError, match=re.escape(str(damaged))):
         load_checkpoint(accelerator, folder)
+
+
+def test_checkpoint_resume_by_more_processes_than_wrote_it_is_refused_naming_both_counts(prepared):
+    # Process 0 finds its random states in a one-process checkpoint and used to resume silently while
+    # process 1 had none; the message now names the checkpoint and both process counts.
+    from pipelines.checkpoint import load_checkpoint
+
+    accelerator, folder = prepared
+
+    class OfTwoProcesses:
+        num_processes, process_index = 2, 0
+
+        def __getattr__(self, name):
+            return getattr(accelerator, name)
+
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(folder))} was written by a run of 1 process, and this run has 2"):
+        load_checkpoint(OfTwoProcesses(), folder)
+
+
+def test_checkpoint_from_before_the_process_count_was_recorded_is_checked_by_its_random_states(prepared):
+    import json
+
+    from pipelines.checkpoint import load_checkpoint
+
+    accelerator, folder = prepared
+    state = json.loads((folder / "trainer_state.json").read_text())
+    del state["num_processes"]
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    load_checkpoint(accelerator, folder)  # one process, as it was written
+    (folder / "random_states_1.pkl").write_bytes((folder / "random_states_0.pkl").read_bytes())
+    with pytest.raises(CheckpointError, match=r"written by a run of 2 processes, and this run has 1"):
+        load_checkpoint(accelerator, folder)
