@@ -7,6 +7,10 @@ Out: a frozen, validated :class:`RunConfig` whose ``task_options`` field holds t
 
 Every problem is a :class:`ConfigError` naming the key, the file (or the command line) and,
 for unknown keys, the closest valid key. One schema library (pydantic) does the validation.
+
+Paths (``output_dir``, ``data.files``, ``data.path``, ``model.name_or_path``, ...) are relative to the
+current directory, with ``~`` the home folder, and are made absolute as the config is read: the run's
+saved ``config.yaml`` then names the same files whichever directory ``evaluate`` or ``predict`` runs in.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import codecs
 import copy
 import difflib
 import functools
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -29,12 +34,27 @@ class ConfigError(UserError, ValueError):
     """A config file or override that cannot be used; the message says where and why."""
 
 
+def _absolute_path(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _absolute_if_local(name: str | None) -> str | None:
+    """An existing local path made absolute; a Hub id, or a path that does not exist, as written (the
+    loader then resolves the Hub id, or names the missing path in the user's own words)."""
+    if name and os.path.exists(os.path.expanduser(name)):
+        return _absolute_path(name)
+    return name
+
+
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are immutable."""
 
     # use_attribute_docstrings: a field's docstring is its description, from which the README's
     # configuration table is generated (pipelines/config_docs.py), so the two cannot drift apart.
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True)
+    # allow_inf_nan=False: ``inf`` passed ``gt=0`` (num_epochs=inf ended in a raw OverflowError) and no setting means it.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 class TaskOptions(Section):
@@ -87,6 +107,11 @@ class ModelConfig(Section):
     peft: PeftConfig | None = None
     """Parameter-efficient fine-tuning (null = train every parameter)."""
 
+    @field_validator("name_or_path", "tokenizer_name_or_path")
+    @classmethod
+    def _local_folder_absolute(cls, value: str | None) -> str | None:
+        return _absolute_if_local(value)
+
     @field_validator("architecture", mode="before")
     @classmethod
     def _exponent_floats(cls, value: Any) -> Any:
@@ -130,6 +155,19 @@ class DataConfig(Section):
     """Label column (default: ``label``)."""
     preprocessing_num_workers: int | None = Field(default=None, gt=0)
     """Processes for a task's tokenising ``datasets.map`` (its ``num_proc``); unset: in this process."""
+
+    @field_validator("path")
+    @classmethod
+    def _local_folder_absolute(cls, value: str | None) -> str | None:
+        return _absolute_if_local(value)
+
+    @field_validator("files")
+    @classmethod
+    def _local_files_absolute(cls, value: dict[str, str | list[str]] | None) -> dict[str, str | list[str]] | None:
+        if value is None:
+            return None
+        return {split: _absolute_if_local(paths) if isinstance(paths, str) else [_absolute_if_local(path) for path in paths]
+                for split, paths in value.items()}
 
     @field_validator("encoding")
     @classmethod
@@ -235,6 +273,11 @@ class TrainConfig(Section):
     forward and backward graphs without generating code (seconds, not minutes: shows that a model
     compiles and trains compiled); any name ``torch._dynamo.list_backends(exclude_tags=())`` lists."""
 
+    @field_validator("resume_from_checkpoint")
+    @classmethod
+    def _checkpoint_folder_absolute(cls, value: str | None) -> str | None:
+        return value if value == "latest" else _absolute_if_local(value)
+
     @field_validator("mixed_precision", mode="before")
     @classmethod
     def _yaml_no_is_false(cls, value: Any) -> Any:
@@ -311,6 +354,11 @@ class DistillConfig(Section):
     """Weight of an MSE between student and teacher hidden states (student layer j <-> teacher layer
     j * L_teacher / L_student, embeddings included); 0 = off. Needs equal hidden sizes."""
 
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_absolute(cls, value: str) -> str:
+        return _absolute_if_local(value)
+
     @model_validator(mode="after")
     def _layers_need_teacher_init(self) -> "DistillConfig":
         if self.init != "teacher" and (self.layers is not None or self.num_layers is not None):
@@ -324,7 +372,9 @@ class RunConfig(Section):
     task: str
     """Which task runs: its name in the registry of ``tasks/__init__.py`` (``classification``, ``ner``, ...)."""
     output_dir: str
-    """The run directory."""
+    """The run directory. This and every other path (``data.files``, ``data.path``, ``model.name_or_path``,
+    ``distill.teacher``, ...) is relative to the current directory, ``~`` being the home folder; the run's
+    ``config.yaml`` holds them absolute, so ``evaluate`` and ``predict`` read the same files from anywhere."""
     seed: int = 42
     """Seeds model initialisation, data order and dropout: a rerun gives identical results."""
     overwrite: bool = False
@@ -336,6 +386,12 @@ class RunConfig(Section):
     distill: DistillConfig | None = None
     """Distil a teacher run into this run's model (``bertpipe distill TEACHER_RUN CONFIG`` fills it in)."""
     task_options: TaskOptions = Field(default_factory=TaskOptions, exclude=True)
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_absolute(cls, value: str) -> str:
+        # Always: the folder usually does not exist yet (Path("~/runs/x") made a folder named "~").
+        return _absolute_path(value) if value else value
 
     @model_validator(mode="after")
     def _distill_student(self) -> "RunConfig":
@@ -372,6 +428,12 @@ def parse_override(override: str) -> tuple[list[str], Any]:
     keys = dotted.strip().split(".")
     if not all(keys):
         raise ConfigError(f"override {override!r} has an empty key")
+    # No key has brackets: ``data.files.validation[0]=b`` made a split named "validation[0]" that nothing read.
+    if any("[" in key or "]" in key for key in keys):
+        raise ConfigError(
+            f"override {override!r}: a list element cannot be set alone; give the whole list, "
+            f"e.g. {'.'.join(key.split('[')[0] for key in keys)}=[a, b]"
+        )
     try:
         # The config file's loader, so that a value (``data.files={train: a, train: b}``) gives no key twice either.
         value = yaml.load(raw_value, Loader=_UniqueKeyLoader) if raw_value.strip() else None
@@ -427,6 +489,25 @@ _UniqueKeyLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _UniqueKeyLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+# Integers as YAML 1.2 reads them: YAML 1.1 reads a leading zero as octal and colons as base 60, so
+# ``eval_steps: 0500`` was 320 and ``1:30`` was 90. Decimal (underscores allowed, as before), 0x hex, 0o octal.
+_INT_TAG = "tag:yaml.org,2002:int"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT_TAG]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    _INT_TAG, re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"), list("-+0123456789")
+)
+
+
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    return int(text, 0) if re.match(r"[-+]?0[xo]", text) else int(text, 10)
+
+
+_UniqueKeyLoader.add_constructor(_INT_TAG, _construct_int)
 
 
 def _describe_path(path: Path) -> str:

@@ -242,7 +242,7 @@ def check_prediction_output(run_dir: str, input_path: str, output_path: str, *, 
         raise OutputDirError(f"--output {output_path} is a folder; give a file name, e.g. {Path(output_path) / 'predictions.jsonl'}")
     # `--output train.jsonl` beside the data replaced the user's training file without a word (and one
     # deleted since training would come back as predictions that a retrain reads as data).
-    # As the loader reads them: relative to the current directory, no ~ expansion.
+    # As the loader reads them (absolute in a config read now: pipelines.config makes local paths so).
     for key, path in ((key, Path(value).resolve()) for key, value in data_files_by_key(data.files if data else None).items()):
         if output == path or (output.exists() and path.exists() and output.samefile(path)):
             raise OutputDirError(f"--output {output_path} is {key} of the run's config; predictions would overwrite it. Choose another --output")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,67 @@ def test_config_yes_no_on_off_are_text_for_a_text_setting_and_booleans_for_a_boo
     assert config.hub.language == ["en", "no"] and config.data.eval_split == "off"
     assert config.task_options.label_all_tokens is True and config.overwrite is True
     assert load_config(write(tmp_path, BASE), ["overwrite=no", "seed=7"], options_for).overwrite is False
+
+
+def test_config_relative_paths_are_saved_absolute_so_a_run_reads_the_same_files_from_any_directory(tmp_path, monkeypatch):
+    # Relative to the current directory, as the configs under configs/ are written; the run's config.yaml
+    # (to_yaml_dict) kept them relative, so `bertpipe evaluate RUN` from another directory read another
+    # data/validation.jsonl there without a word, and predict's guard let --output replace the real one.
+    project, elsewhere, home = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "home"
+    for folder in (project, elsewhere):
+        (folder / "data").mkdir(parents=True)
+        (folder / "data" / "validation.jsonl").write_text('{"text": "a", "label": "x"}\n')
+    (project / "my_model").mkdir()
+    (home / "tokenizers" / "tok").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(project)
+    path = write(tmp_path, BASE.replace("runs/x", "~/runs/x").replace("  path: some/dataset\n", (
+        "  path: some/dataset\n  files: {validation: data/validation.jsonl, train: [data/../data/validation.jsonl, data/missing.jsonl]}\n"
+    )).replace("data:", "model: {name_or_path: ./my_model, tokenizer_name_or_path: ~/tokenizers/tok}\ndata:", 1))
+    config = load_config(path, ["train.resume_from_checkpoint=latest"], options_for)
+    assert config.output_dir == str(home / "runs" / "x")  # ~ is the home folder, as for model and data paths
+    assert config.data.files == {"validation": str(project / "data" / "validation.jsonl"),
+                                 "train": [str(project / "data" / "validation.jsonl"), "data/missing.jsonl"]}
+    assert (config.model.name_or_path, config.model.tokenizer_name_or_path) == (str(project / "my_model"), str(home / "tokenizers" / "tok"))
+    # A Hub id stays one, a missing file is named as written, and `latest` is no folder.
+    assert config.data.path == "some/dataset" and config.train.resume_from_checkpoint == "latest"
+    monkeypatch.chdir(elsewhere)
+    saved = load_config(None, [], options_for, base=config.to_yaml_dict())
+    assert saved.data.files["validation"] == str(project / "data" / "validation.jsonl") and saved == config
+
+
+def test_config_integers_are_decimal_without_yaml_1_1_octal_or_base_60(tmp_path):
+    # YAML 1.1 reads a leading zero as octal and colons as base 60: `eval_steps: 0500` trained with 320
+    # and `seed: 010` with 8, without a word. Read as YAML 1.2 (and every user) reads them.
+    in_file = write(tmp_path, BASE.replace("train:\n", "seed: 010\ntrain:\n  eval_steps: 0500\n  max_steps: 1_000\n", 1))
+    config = load_config(in_file, ["data.max_seq_length=0256", "train.logging_steps=0x10", "train.save_steps=0o10"], options_for)
+    assert (config.seed, config.train.eval_steps, config.train.max_steps) == (10, 500, 1000)
+    assert (config.data.max_seq_length, config.train.logging_steps, config.train.save_steps) == (256, 16, 8)
+    with pytest.raises(ConfigError, match=r"bad value for 'train.eval_steps' in the command line.*'1:30'"):
+        load_config(in_file, ["train.eval_steps=1:30"], options_for)
+
+
+def test_config_override_of_a_list_element_is_an_error_naming_the_whole_list_form(tmp_path):
+    # `data.files.validation[0]=b.jsonl` made a split named "validation[0]" that no command reads:
+    # evaluate went on scoring the old validation file.
+    for override in ("data.files.validation[0]=b.jsonl", "hub.tags[1]=x"):
+        with pytest.raises(ConfigError, match=rf"override '{re.escape(override)}'.*give the whole list"):
+            load_config(write(tmp_path, BASE), [override], options_for)
+
+
+def test_config_infinite_or_nan_numbers_are_refused_naming_the_key(tmp_path):
+    # `train.num_epochs=inf` passed `gt=0` and ended training in a raw OverflowError (math.ceil of inf);
+    # an infinite learning rate trained to NaN weights without a word.
+    for override in ("train.num_epochs=inf", "train.learning_rate=.inf", "model.peft.alpha=.inf"):
+        key = override.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"bad value for '{re.escape(key)}' in the command line"):
+            load_config(write(tmp_path, BASE), [override], options_for)
+
+
+class FloatOptions(TaskOptions):
+    threshold: float = 0.0
+
+
+def test_config_task_options_refuse_infinite_numbers_too():
+    with pytest.raises(ValidationError, match="finite"):
+        FloatOptions(threshold=float("-inf"))
