@@ -72,6 +72,8 @@ class TrainerState:
     would leave those batches out."""
     num_processes: int | None = None
     """Processes that trained up to this checkpoint (None: a checkpoint from before it was recorded)."""
+    train_data: str | None = None
+    """Digest of the training features (pipelines.data.features_digest; None: from before it was recorded)."""
     stopped_early: bool = False
     """Early stopping (or the caller's ``on_evaluate``) ended training at this step; a resume from here
     goes straight to the final evaluation instead of training on."""
@@ -216,12 +218,24 @@ def check_resume_config(folder: Path, current: dict) -> None:
         )
 
 
-def load_checkpoint(accelerator: Accelerator, folder: Path) -> TrainerState:
-    """Restore model, optimizer, scheduler, RNG and sampler state; returns the loop's counters."""
+def load_checkpoint(accelerator: Accelerator, folder: Path, *, train_data: str | None = None) -> TrainerState:
+    """Restore model, optimizer, scheduler, RNG and sampler state; returns the loop's counters.
+
+    ``train_data`` is the digest of the training features this run has; a checkpoint trained on others is refused.
+    """
     try:
         state = TrainerState.read(folder)
     except Exception as error:
         raise CheckpointError(f"checkpoint {folder} cannot be loaded: {folder / STATE_FILE}: {describe(error)}") from error
+    if state.train_data is not None and train_data is not None and state.train_data != train_data:
+        # The config names the same files, so check_resume_config saw no change; their rows did change.
+        raise CheckpointError(
+            f"checkpoint {folder} was trained on other training data than this run has: the same data settings, but the "
+            "rows differ (added, removed or edited since, or tokenised otherwise by another bertpipe), so the run would not "
+            "end where the interrupted one would. Restore the data the run started with, or start a new run "
+            "(another output_dir, or overwrite=true)."
+        )
+    state.train_data = train_data
     _check_process_count(folder, state, accelerator.num_processes)
     _check_random_states(folder, accelerator.process_index)
     try:

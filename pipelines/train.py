@@ -34,7 +34,7 @@ from pipelines.checkpoint import (
     CheckpointError, TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint,
 )
 from pipelines.config import ConfigError, RunConfig
-from pipelines.data import PreparedData, prepare_data, split_source
+from pipelines.data import PreparedData, features_digest, prepare_data, split_source
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.errors import RunStopped, failures_named
 from pipelines.evaluation import evaluate
@@ -123,9 +123,10 @@ def train(
     plan = plan_steps(config.train, len(train_loader))
     scheduler = accelerator.prepare(build_scheduler(optimizer, config.train, plan, accelerator.num_processes))
 
-    state = TrainerState()
+    train_data = features_digest(train_features)
+    state = TrainerState(train_data=train_data)
     if resume_folder is not None:
-        state = load_checkpoint(accelerator, resume_folder)
+        state = load_checkpoint(accelerator, resume_folder, train_data=train_data)
         accelerator.print(
             f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
         )

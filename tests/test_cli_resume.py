@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -280,4 +281,25 @@ def test_cli_resume_of_a_two_process_checkpoint_by_one_process_is_refused_before
     assert "Traceback" not in result.stderr
     assert f"checkpoint {checkpoint} was written by a run of 2 processes, and this run has 1" in result.stderr
     assert "--num_processes 2" in result.stderr
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+
+def test_cli_resume_on_training_data_edited_since_the_checkpoint_is_refused_before_anything_changes(tmp_path, tiny_bert, sentiment_files):
+    """The config names the same file, so the settings check saw nothing: the run resumed on other rows, exit 0."""
+    import shutil
+
+    data = {split: Path(shutil.copy(path, tmp_path / path.name)) for split, path in sentiment_files.items()}
+    config = classification_config(tmp_path, tiny_bert, data, run_name="run", max_steps=4, save_steps=2, eval_steps=None,
+                                   mixed_precision="no")
+    run_cli("train", str(config))
+    rows = data["train"].read_text().splitlines()
+    edited = json.loads(rows[3])
+    edited["label"] = "negative" if edited["label"] == "positive" else "positive"
+    data["train"].write_text("\n".join([*rows[:3], json.dumps(edited), *rows[4:]]) + "\n")
+    run_dir = tmp_path / "run"
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+
+    result = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"checkpoint {run_dir / 'checkpoints' / 'step-00000004'} was trained on other training data than this run has" in result.stderr
     assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before

@@ -263,3 +263,17 @@ def test_data_map_functions_are_cached_by_their_code_not_only_their_name(tmp_pat
     assert results["old"] == ([["ab", "c"]], [["ab", "c"]])
     assert results["new"][0] == [["ab", "c"]]  # datasets alone: the old code's cached features
     assert results["new"][1] == [["a", "b", " ", "c"]]
+
+
+def test_data_features_digest_follows_the_rows_not_their_chunking():
+    from datasets import Dataset, concatenate_datasets
+
+    from pipelines.data import features_digest
+
+    rows = {"input_ids": [[1, 2, 3], [4], [5, 6]], "labels": [0, 1, 0]}
+    whole = Dataset.from_dict(rows)
+    assert features_digest(concatenate_datasets([whole.select([0]), whole.select([1, 2])])) == features_digest(whole)
+    assert features_digest(whole.select([0, 2, 1])) != features_digest(whole)  # order is part of the trajectory
+    assert features_digest(Dataset.from_dict({**rows, "labels": [0, 1, 1]})) != features_digest(whole)
+    # A token moved between rows keeps the flat values but not the rows.
+    assert features_digest(Dataset.from_dict({**rows, "input_ids": [[1, 2], [3, 4], [5, 6]]})) != features_digest(whole)
