@@ -338,7 +338,8 @@ class DistillConfig(Section):
     """
 
     teacher: str
-    """The teacher: a finished bertpipe run of the same task, label set and tokenizer."""
+    """The teacher: a finished bertpipe run of the same task, the same labels in the same order (else set the
+    task's ``label_names`` to the teacher's) and the same tokenizer vocabulary."""
     alpha: float = Field(default=0.5, ge=0.0, le=1.0)
     """Weight of the soft-target loss; the task loss on the gold labels gets 1 - alpha."""
     temperature: float = Field(default=2.0, gt=0.0)

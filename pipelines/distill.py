@@ -74,7 +74,10 @@ def distill_config(
         extra.append(f"model.name_or_path={teacher_run}")
     elif not tokenizer_given:  # a from-scratch student reads its inputs with the teacher's tokenizer
         extra.append(f"model.tokenizer_name_or_path={teacher_run}")
-    return load_config(config_path, [*overrides, *extra], options_for)
+    config = load_config(config_path, [*overrides, *extra], options_for)
+    # Before the student is built from the teacher's folder (init: teacher loads its weights into this task's head).
+    check_teacher_task(load_saved_config(teacher_run), teacher_run, config.task)
+    return config
 
 
 # ----- the student --------------------------------------------------------------------------------
@@ -184,18 +187,52 @@ def hidden_state_loss(student_hidden, teacher_hidden, layer_map, attention: torc
     return total / len(layer_map)
 
 
+# ----- segment ids the student's tokenizer does not give ------------------------------------------
+def segment_separator(teacher_tokenizer, student_tokenizer) -> int | None:
+    """The separator id after which the teacher numbers tokens segment 1, when the teacher reads
+    ``token_type_ids`` that the student's batches lack; None when the teacher loses nothing without them.
+
+    The common case is a BERT teacher and a DistilBERT student: the same vocabulary, but DistilBERT's
+    tokenizer makes no segment ids, so on text pairs (and every QA question/context) the teacher would
+    read the second segment as the first and give soft targets it never gives on its own inputs.
+    """
+    if "token_type_ids" not in teacher_tokenizer.model_input_names or "token_type_ids" in student_tokenizer.model_input_names:
+        return None
+    probe = teacher_tokenizer(["a", "a b c"], ["b c d", "d"], padding=True, return_tensors="pt")
+    types = probe.get("token_type_ids")
+    if types is None or not bool(types.any()):
+        return None  # the teacher's template gives every token segment 0: zeros are what it reads
+    separator = teacher_tokenizer.sep_token_id
+    if separator is None or not torch.equal(second_segment(probe["input_ids"], probe["attention_mask"], separator), types):
+        raise DistillError(
+            "the teacher reads token_type_ids, which the student's tokenizer does not give, and numbers its segments in a "
+            "way bertpipe cannot rebuild from the input ids; give the student the teacher's tokenizer "
+            "(model.tokenizer_name_or_path=TEACHER_RUN)"
+        )
+    return separator
+
+
+def second_segment(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, separator: int) -> torch.Tensor:
+    """Segment ids as BERT's template numbers them: 0 up to and including the first separator, 1 after it, 0 on padding."""
+    is_separator = (input_ids == separator).long()
+    types = ((is_separator.cumsum(-1) - is_separator) > 0).long()
+    return types * attention_mask.long() if attention_mask is not None else types
+
+
 # ----- the wrapper the loop trains ----------------------------------------------------------------
 class DistillationModel(torch.nn.Module):
     """The student, whose training-mode forward returns the distillation loss as ``.loss``."""
 
     def __init__(self, student: torch.nn.Module, teacher: torch.nn.Module, *, alpha: float, temperature: float,
-                 hidden_weight: float = 0.0, layer_map: list[tuple[int, int]] | None = None) -> None:
+                 hidden_weight: float = 0.0, layer_map: list[tuple[int, int]] | None = None,
+                 segment_separator: int | None = None) -> None:
         super().__init__()
         self.student = student
         # Not a submodule: the optimizer, state_dict, checkpoints and parameter counts see the student only.
         object.__setattr__(self, "teacher", teacher.eval().requires_grad_(False))
         self.alpha, self.temperature, self.hidden_weight, self.layer_map = alpha, temperature, hidden_weight, layer_map or []
         self.config = student.config
+        self.segment_separator = segment_separator
 
     def forward(self, **batch: Any):
         if not self.training:
@@ -207,6 +244,8 @@ class DistillationModel(torch.nn.Module):
         if next(teacher.parameters()).device != device:
             teacher.to(device)
         inputs = {key: value for key, value in batch.items() if key not in ("labels", "start_positions", "end_positions")}
+        if self.segment_separator is not None and "token_type_ids" not in inputs:
+            inputs["token_type_ids"] = second_segment(inputs["input_ids"], inputs.get("attention_mask"), self.segment_separator)
         with torch.no_grad():
             teacher_outputs = teacher(**inputs, output_hidden_states=with_hidden) if with_hidden else teacher(**inputs)
         loss = self.alpha * distillation_loss(outputs, teacher_outputs, batch, self.student.config, self.temperature)
@@ -239,16 +278,22 @@ def check_teacher_run(teacher_run: str | Path) -> Path:
     return teacher_dir
 
 
+def check_teacher_task(saved: dict[str, Any], teacher_dir: str | Path, task: str) -> None:
+    if saved.get("task") != task:
+        raise DistillError(f"distill.teacher {teacher_dir} is a {saved.get('task')!r} run; this run's task is {task!r}")
+
+
 def load_teacher(config: RunConfig, task: Task) -> tuple[torch.nn.Module, Any]:
     """The teacher run's model (adapter runs merged) and tokenizer, checked against the student's task."""
     teacher_dir = check_teacher_run(config.distill.teacher)
     task_class = type(task)
+    saved = load_saved_config(teacher_dir)
+    # Checked first: another task's config.yaml fails to load with this task's options, naming its keys instead.
+    check_teacher_task(saved, teacher_dir, config.task)
     try:
-        teacher_config = load_config(None, [], lambda name: task_class.Options, base=load_saved_config(teacher_dir))
+        teacher_config = load_config(None, [], lambda name: task_class.Options, base=saved)
     except ConfigError as error:
         raise DistillError(f"distill.teacher {teacher_dir}: its config.yaml does not load: {error}") from None
-    if teacher_config.task != config.task:
-        raise DistillError(f"distill.teacher {teacher_dir} is a {teacher_config.task!r} run; this run's task is {config.task!r}")
     teacher_task = task_class(teacher_config)
     tokenizer = teacher_task.build_tokenizer(None, model_path=str(teacher_dir))
     teacher = teacher_task.build_model(None, model_path=str(teacher_dir))
@@ -264,6 +309,7 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
     student_tokenizer = getattr(task, "tokenizer", None)
     if student_tokenizer is not None and student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
         raise DistillError(f"the student's tokenizer differs from the teacher's ({distill.teacher}): both must read the same input ids")
+    separator = segment_separator(teacher_tokenizer, student_tokenizer) if student_tokenizer is not None else None
     teacher_labels = getattr(teacher.config, "id2label", None)
     student_labels = getattr(student.config, "id2label", None)
     if teacher_labels != student_labels:
@@ -283,6 +329,7 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
         layer_map = hidden_layer_map(student.config.num_hidden_layers, teacher_depth)
     return DistillationModel(
         student, teacher, alpha=distill.alpha, temperature=distill.temperature, hidden_weight=distill.hidden_weight, layer_map=layer_map,
+        segment_separator=separator,
     )
 
 

@@ -192,12 +192,15 @@ def quantized_ops(path: Path) -> dict[str, int]:
 
 
 def compare_outputs(
-    reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], masks: list[np.ndarray], output_names: tuple[str, ...]
+    reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], masks: list[np.ndarray], output_names: tuple[str, ...],
+    *, multi_label_threshold: float | None = None,
 ) -> dict[str, Any]:
-    """Max |Δ| over real (non-padding) positions and the share of examples whose argmax labels all agree.
+    """Max |Δ| over real (non-padding) positions and the share of examples whose predicted labels all agree.
 
     Sequence outputs (token logits, start/end logits) are compared where ``attention_mask`` is 1;
     an example agrees when every such position has the same argmax (QA: the same start and end).
+    With ``multi_label_threshold`` the (batch, labels) logits are a multi-label head's: an example
+    agrees when every label is on or off on both sides of the threshold, as the task predicts them.
     A NaN or infinite output is a difference, never agreement: ``max_abs_diff`` becomes NaN/inf.
     """
     # np.max propagates NaN; Python's max(0.0, nan) returns 0.0 and argmax counts NaN as the largest
@@ -218,6 +221,11 @@ def compare_outputs(
                 low = np.finfo(np.float32).min
                 agrees &= np.where(real, ref, low).argmax(-1) == np.where(real, cand, low).argmax(-1)
                 agrees &= (finite | ~real).all(axis=1)
+            elif multi_label_threshold is not None:  # (batch, labels), each label a yes/no of its own
+                diffs.append(np.abs(ref - cand).max(initial=0.0))
+                # The argmax would count an export that switches a second label on or off as agreeing.
+                on = [1.0 / (1.0 + np.exp(-values.astype(np.float64))) >= multi_label_threshold for values in (ref, cand)]
+                agrees &= (on[0] == on[1]).all(-1)
             else:  # (batch, labels)
                 diffs.append(np.abs(ref - cand).max(initial=0.0))
                 agrees &= ref.argmax(-1) == cand.argmax(-1) if ref.shape[-1] > 1 else np.ones(len(ref), dtype=bool)
@@ -270,6 +278,8 @@ def export_run(
     if not batches:
         raise ExportError(f"the eval split {config.data.eval_split!r} of {run_dir} gives no examples to check the export on")
     input_names = _onnx_inputs(model, tokenizer, batches[0])
+    multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
+    threshold = getattr(config.task_options, "multi_label_threshold", 0.5) if multi_label else None
     masks = [batch["attention_mask"].numpy() if "attention_mask" in batch else np.ones(tuple(batch["input_ids"].shape), dtype=np.int64) for batch in batches]
     # Two examples of different lengths, so that neither axis is specialised to a traced size of 1.
     first = batches[0]
@@ -301,7 +311,7 @@ def export_run(
         }
         staged = staging / "stage"
         staged.mkdir()
-        fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference)
+        fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference, threshold)
         summary["parity"] = {"against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count, "fp32": fp32_parity}
         if fp32_parity["agreement"] < 1.0 or not np.isfinite(fp32_parity["max_abs_diff"]):
             # Same weights, same precision: a disagreement is an exporter or runtime fault, or logits so
@@ -317,7 +327,7 @@ def export_run(
             for per_channel in (True, False):
                 path = staging / f"model.int8.{'channel' if per_channel else 'tensor'}.onnx"
                 quantize_int8(fp32_path, path, per_channel=per_channel)
-                variants[per_channel] = (path, _parity(inference_session(path), batches, masks, input_names, output_names, reference))
+                variants[per_channel] = (path, _parity(inference_session(path), batches, masks, input_names, output_names, reference, threshold))
             # NaN compares False with everything: a variant with NaN outputs must lose, not win by default.
             diff_of = {key: np.nan_to_num(variant[1]["max_abs_diff"], nan=np.inf) for key, variant in variants.items()}
             per_channel = bool(diff_of[True] <= diff_of[False])
@@ -390,12 +400,12 @@ def _check_opset_known(opset: int) -> None:
         raise ExportError(f"--opset {opset}: the installed onnx {onnx.__version__} knows opsets up to {newest} (default {DEFAULT_OPSET})")
 
 
-def _parity(session, batches, masks, input_names, output_names, reference) -> dict[str, Any]:
+def _parity(session, batches, masks, input_names, output_names, reference, multi_label_threshold=None) -> dict[str, Any]:
     candidate = []
     for batch in batches:
         values = session.run(list(output_names), {name: batch[name].numpy().astype(np.int64) for name in input_names})
         candidate.append(dict(zip(output_names, values)))
-    return compare_outputs(reference, candidate, masks, output_names)
+    return compare_outputs(reference, candidate, masks, output_names, multi_label_threshold=multi_label_threshold)
 
 
 def _opset_of(path: Path) -> int:

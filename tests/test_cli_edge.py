@@ -153,3 +153,18 @@ def test_cli_distill_student_is_a_run_that_exports_and_bad_teachers_exit_2(setup
                  naming=[str(unfinished), "not a finished run"])
     expect_error(capsys, "distill", setup["run"], setup["config"], f"output_dir={tmp_path / 's3'}", "distill.init=model",
                  "distill.num_layers=1", naming=["distill", "distill.init=teacher"])
+
+
+def test_cli_distill_teacher_of_another_task_exits_2_naming_both_tasks(setup, tmp_path, capsys):
+    """A teacher's config.yaml holds its own task's section; read with the student's task options it
+    failed on those keys ("unknown key 'ner.label_all_tokens'"), after the student was built from it."""
+    teacher = tmp_path / "ner-teacher"
+    shutil.copytree(setup["run"], teacher)
+    saved = yaml.safe_load((teacher / "config.yaml").read_text())
+    saved.pop("classification", None)
+    saved.update(task="ner", ner={"label_all_tokens": False})
+    (teacher / "config.yaml").write_text(yaml.safe_dump(saved))
+    err = expect_error(capsys, "distill", teacher, setup["config"], *PINNED, f"output_dir={tmp_path / 'student'}",
+                       naming=[str(teacher), "is a 'ner' run", "this run's task is 'classification'"])
+    assert "unknown key" not in err
+    assert not (tmp_path / "student").exists()

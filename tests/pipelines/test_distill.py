@@ -257,3 +257,48 @@ def test_distill_qa_lowers_start_and_end_kl_and_the_student_predicts_and_serves(
         assert context[answer["start"] : answer["end"]] == answer["answer"]
         reply = served(question=QUESTION, context=context)
         assert (reply["answer"], reply["start"], reply["end"]) == (answer["answer"], answer["start"], answer["end"])
+
+
+def test_distill_teacher_reads_its_segment_ids_when_the_students_tokenizer_makes_none(tmp_path):
+    """A BERT teacher and a DistilBERT student share a vocabulary, but DistilBERT's tokenizer makes no
+    token_type_ids: on text pairs the soft targets must still be the teacher's own predictions, which
+    read the second text as segment 1."""
+    import random
+
+    from transformers import AutoTokenizer, BertForSequenceClassification, DistilBertTokenizer
+
+    from pipelines.distill import build_distillation_model
+    from tests.conftest import write_config, write_jsonl
+    from tests.families.builders import build_family
+
+    teacher_base, student_base = build_family("bert", tmp_path / "bert"), build_family("distilbert", tmp_path / "distilbert")
+    # The same WordPiece vocabulary (the families' trainer orders '##' pieces differently per run).
+    DistilBertTokenizer(tokenizer_object=AutoTokenizer.from_pretrained(teacher_base).backend_tokenizer, model_max_length=128).save_pretrained(student_base)
+    rng = random.Random(0)
+    rows = [{**row, "pair": " ".join(rng.choice(["the", "plot", "good", "bad", "film"]) for _ in range(4))} for row in sentiment_rows(24, seed=1)]
+    files = {split: write_jsonl(tmp_path / f"{split}.jsonl", rows[start:start + 12]) for split, start in (("train", 0), ("validation", 12))}
+    path = write_config(tmp_path / "pairs.yaml", f"""task: classification
+output_dir: {tmp_path / 'teacher'}
+model: {{name_or_path: {teacher_base}}}
+data: {{files: {{train: {files['train']}, validation: {files['validation']}}}, text_column: sentence, text_pair_column: pair, label_column: label}}
+train: {{batch_size: 4, max_steps: 2}}
+""")
+    teacher_dir = train_config(load_config(path, PINNED, options_for))
+    config = distill_config(str(teacher_dir), str(path), [*PINNED, f"output_dir={tmp_path / 'student'}", "distill.init=model",
+                                                         f"model.name_or_path={student_base}", "distill.alpha=1.0"], options_for)
+    task = get_task(config.task)(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    model = build_distillation_model(task.build_model(raw), config, task).train()
+    features = task.preprocess(raw["train"].select(range(4)), train=True)
+    batch = task.collator(train=True)([features[index] for index in range(4)])
+    assert "token_type_ids" not in batch
+    outputs = model(**batch)
+
+    teacher = BertForSequenceClassification.from_pretrained(teacher_dir).eval()
+    own = AutoTokenizer.from_pretrained(teacher_dir)(raw["train"]["sentence"][:4], raw["train"]["pair"][:4], padding=True, return_tensors="pt")
+    assert torch.equal(own["input_ids"], batch["input_ids"]) and bool(own["token_type_ids"].any())
+    with torch.no_grad():
+        soft_targets = teacher(**own).logits
+    expected = soft_target_kl(outputs.logits.detach(), soft_targets, config.distill.temperature)
+    assert float(outputs.loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)

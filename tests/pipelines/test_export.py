@@ -226,3 +226,38 @@ def test_export_compare_outputs_counts_nan_outputs_as_differences():
     cand = {"start_logits": np.array([[nan, 0.0, 0.0]]), "end_logits": np.array([[0.0, 5.0, 0.0]])}
     result = compare_outputs([ref], [cand], [np.array([[1, 1, 1]])], ("start_logits", "end_logits"))
     assert math.isnan(result["max_abs_diff"]) and result["features_agreeing"] == 0, result
+
+
+def test_export_multi_label_parity_counts_labels_switched_on_or_off(tmp_path, monkeypatch):
+    """A multi-label head predicts every label with sigmoid >= classification.multi_label_threshold: an
+    export whose logits keep the argmax but switch labels on or off predicts other labels, and its
+    parity must say so (the argmax alone read it as agreeing)."""
+    import numpy as np
+
+    import pipelines.export
+
+    rows = [{"sentence": row["sentence"], "label": [row["label"]] + (["long"] if len(row["sentence"].split()) > 6 else [])}
+            for row in sentiment_rows(40, seed=3)]
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", rows[:28]), "validation": write_jsonl(tmp_path / "validation.jsonl", rows[28:])}
+    run_dir = train_in_process(classification_config(tmp_path, build_tiny_bert(tmp_path / "tiny"), files, run_name="multi"), "train.max_steps=4")
+    assert json.loads((run_dir / "config.json").read_text())["problem_type"] == "multi_label_classification"
+    real_session = pipelines.export.inference_session
+
+    class ShiftedFirstRow:  # as an export that moves one example's logits together would give
+        def __init__(self, path):
+            self.session, self.shifted = real_session(path), False
+
+        def run(self, names, feed):
+            values = self.session.run(names, feed)
+            if not self.shifted:
+                logits = values[0]
+                all_on = bool((logits[0] >= 0).all())
+                logits[0] += -20.0 if all_on else 20.0  # same argmax, every label on (or off)
+                self.shifted = True
+            return values
+
+    monkeypatch.setattr(pipelines.export, "inference_session", ShiftedFirstRow)
+    summary = export(run_dir, tmp_path / "onnx", parity_samples=8)
+    parity = summary["parity"]["fp32"]
+    assert parity["features_compared"] == 8 and parity["features_agreeing"] == 7, parity
+    assert np.isclose(parity["max_abs_diff"], 20.0, atol=1e-3)
