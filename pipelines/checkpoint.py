@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import load as accelerate_load
 from accelerate.utils.constants import RNG_STATE_NAME
 
+from pipelines.config import absolute_if_local
 from pipelines.errors import UserError, describe
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -176,9 +177,22 @@ def _may_change(key: str) -> bool:
     return any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUME_MAY_CHANGE)
 
 
+# Keys whose values are local paths, which a config now holds absolute (pipelines.config): a checkpoint's
+# config.yaml from before that holds them as written, relative to the directory the run was started in.
+_PATH_KEYS = ("data.files.", "data.path", "model.name_or_path", "model.tokenizer_name_or_path", "distill.teacher")
+
+
+def _as_read_now(key: str, value: object) -> object:
+    if not any(key == path_key or (path_key.endswith(".") and key.startswith(path_key)) for path_key in _PATH_KEYS):
+        return value
+    if isinstance(value, list):
+        return [absolute_if_local(item) if isinstance(item, str) else item for item in value]
+    return absolute_if_local(value) if isinstance(value, str) else value
+
+
 def resume_differences(saved: dict, current: dict) -> list[str]:
     """``key: checkpoint value -> current value`` for each trajectory key that differs."""
-    old, new = _flatten(saved), _flatten(current)
+    old, new = {key: _as_read_now(key, value) for key, value in _flatten(saved).items()}, _flatten(current)
     tracks_best = bool(old.get("train.metric_for_best_model") or new.get("train.metric_for_best_model"))
     missing = object()
     lines = []

@@ -38,7 +38,7 @@ def _absolute_path(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def _absolute_if_local(name: str | None) -> str | None:
+def absolute_if_local(name: str | None) -> str | None:
     """An existing local path made absolute; a Hub id, or a path that does not exist, as written (the
     loader then resolves the Hub id, or names the missing path in the user's own words)."""
     if name and os.path.exists(os.path.expanduser(name)):
@@ -110,7 +110,7 @@ class ModelConfig(Section):
     @field_validator("name_or_path", "tokenizer_name_or_path")
     @classmethod
     def _local_folder_absolute(cls, value: str | None) -> str | None:
-        return _absolute_if_local(value)
+        return absolute_if_local(value)
 
     @field_validator("architecture", mode="before")
     @classmethod
@@ -159,14 +159,14 @@ class DataConfig(Section):
     @field_validator("path")
     @classmethod
     def _local_folder_absolute(cls, value: str | None) -> str | None:
-        return _absolute_if_local(value)
+        return absolute_if_local(value)
 
     @field_validator("files")
     @classmethod
     def _local_files_absolute(cls, value: dict[str, str | list[str]] | None) -> dict[str, str | list[str]] | None:
         if value is None:
             return None
-        return {split: _absolute_if_local(paths) if isinstance(paths, str) else [_absolute_if_local(path) for path in paths]
+        return {split: absolute_if_local(paths) if isinstance(paths, str) else [absolute_if_local(path) for path in paths]
                 for split, paths in value.items()}
 
     @field_validator("encoding")
@@ -276,7 +276,7 @@ class TrainConfig(Section):
     @field_validator("resume_from_checkpoint")
     @classmethod
     def _checkpoint_folder_absolute(cls, value: str | None) -> str | None:
-        return value if value == "latest" else _absolute_if_local(value)
+        return value if value == "latest" else absolute_if_local(value)
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
@@ -358,7 +358,7 @@ class DistillConfig(Section):
     @field_validator("teacher")
     @classmethod
     def _teacher_absolute(cls, value: str) -> str:
-        return _absolute_if_local(value)
+        return absolute_if_local(value)
 
     @model_validator(mode="after")
     def _layers_need_teacher_init(self) -> "DistillConfig":

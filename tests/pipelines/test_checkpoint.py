@@ -52,6 +52,22 @@ def test_checkpoint_resume_lists_each_trajectory_key_with_both_values():
     ]
 
 
+def test_checkpoint_written_with_relative_paths_resumes_where_they_still_name_the_same_files(tmp_path, monkeypatch):
+    # Configs now hold local paths absolute; a checkpoint from before held them as written, and its resume was
+    # refused for "data/train.jsonl in the checkpoint, /abs/data/train.jsonl now", with no way around it.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    saved = changed(data={**SAVED["data"], "files": {"train": "data/train.jsonl", "validation": ["data/train.jsonl"]}})
+    now = changed(data={**SAVED["data"], "files": {"train": str(tmp_path / "data" / "train.jsonl"),
+                                                   "validation": [str(tmp_path / "data" / "train.jsonl")]}})
+    assert resume_differences(saved, now) == []
+    elsewhere = changed(data={**SAVED["data"], "files": {**now["data"]["files"], "train": "/elsewhere/train.jsonl"}})
+    assert resume_differences(saved, elsewhere) == [
+        f"data.files.train: {str(tmp_path / 'data' / 'train.jsonl')!r} in the checkpoint, '/elsewhere/train.jsonl' now"
+    ]
+
+
 def test_checkpoint_resume_config_check_reads_the_checkpoint_then_its_run(tmp_path):
     import yaml
 
