@@ -22,10 +22,10 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
 from pipelines.errors import UserError
 
@@ -55,6 +55,21 @@ class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 for a number: train.batch_size=true trained with batches of one.
+        field = cls.model_fields.get(info.field_name)
+        if isinstance(value, bool) and field is not None and _numbers_only(field.annotation):
+            raise ValueError(f"{str(value).lower()} is a boolean; this setting takes a number")
+        return value
+
+
+def _numbers_only(annotation: Any) -> bool:
+    """Whether a field takes int or float and no bool (``int | None`` yes, ``bool | None`` and ``str`` no)."""
+    kinds = set(get_args(annotation)) or {annotation}
+    return bool(kinds & {int, float}) and bool not in kinds
 
 
 class TaskOptions(Section):

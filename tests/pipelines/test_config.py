@@ -226,6 +226,15 @@ def test_config_infinite_or_nan_numbers_are_refused_naming_the_key(tmp_path):
             load_config(write(tmp_path, BASE), [override], options_for)
 
 
+def test_config_a_boolean_is_not_a_number(tmp_path):
+    # pydantic reads true as 1: train.batch_size=true trained with batches of one, learning_rate=true at 1.0.
+    for override in ("train.batch_size=true", "train.learning_rate=true", "seed=false", "train.max_steps=true"):
+        key = override.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"bad value for '{re.escape(key)}' in the command line: .*is a boolean; this setting takes a number"):
+            load_config(write(tmp_path, BASE), [override], options_for)
+    assert load_config(write(tmp_path, BASE), ["train.compile=true", "train.eval_on_start=yes"], options_for).train.compile is True
+
+
 class FloatOptions(TaskOptions):
     threshold: float = 0.0
 
