@@ -186,5 +186,7 @@ def check_lora_run(config: Path, run_dir: Path, metric: str, *overrides: str, pi
         saved = load_saved_config(run_dir)
         served = pipeline(get_task(saved["task"]).pipeline_tag, model=str(run_dir))
         assert isinstance(served.model, PeftModel)
-        assert served(pipeline_input)
+        # What it answers after 4 updates depends on what they learnt (NER may tag nothing yet); that the
+        # adapter serves through peft is checked here, and each task's own test compares the answer with predict's.
+        assert isinstance(served(pipeline_input), (list, dict))
     return metrics

@@ -230,7 +230,18 @@ def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_pa
 def test_cli_ner_lora_adapter_run_trains_and_reloads(ner_setup, tmp_path):
     from tests.conftest import check_lora_run
 
-    check_lora_run(ner_setup["config"], tmp_path / "lora", "eval_accuracy", pipeline_input="alice lives in paris")
+    from transformers import pipeline
+
+    import tasks
+
+    text = "alice lives in paris"
+    check_lora_run(ner_setup["config"], tmp_path / "lora", "eval_accuracy", pipeline_input=text)
+    source, target = write_jsonl(tmp_path / "in.jsonl", [{"text": text}]), tmp_path / "out.jsonl"
+    run_cli("predict", str(tmp_path / "lora"), "--input", str(source), "--output", str(target))
+    tasks.load_tasks()
+    served = pipeline("token-classification", model=str(tmp_path / "lora"))(text)
+    spans = lambda entities: [(e["entity_group"], e["start"], e["end"]) for e in entities]  # noqa: E731
+    assert spans(served) == spans(json.loads(target.read_text())["entities"])
 
 
 def test_cli_ner_packed_training_counts_every_example_and_learns(tmp_path):
