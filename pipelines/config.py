@@ -108,7 +108,8 @@ _EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-
 
 class ModelConfig(Section):
     name_or_path: str | None = None
-    """Hub id, mirror id or local folder (a finished bertpipe run works too)."""
+    """Hub id, mirror id or local folder (a finished bertpipe run works too: its head, trained for the same labels
+    in another order, is reordered to this run's labels; for other labels a new head starts, with a warning)."""
     tokenizer_name_or_path: str | None = None
     """A different tokenizer (default: the model's)."""
     revision: str | None = None
@@ -353,8 +354,8 @@ class DistillConfig(Section):
     """
 
     teacher: str
-    """The teacher: a finished bertpipe run of the same task, the same labels in the same order (else set the
-    task's ``label_names`` to the teacher's) and the same tokenizer vocabulary."""
+    """The teacher: a finished bertpipe run of the same task, with the same labels (in any order: the teacher's
+    scores are matched to the student's labels by name) and the same tokenizer vocabulary."""
     alpha: float = Field(default=0.5, ge=0.0, le=1.0)
     """Weight of the soft-target loss; the task loss on the gold labels gets 1 - alpha."""
     temperature: float = Field(default=2.0, gt=0.0)

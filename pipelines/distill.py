@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
 from pipelines.errors import ModelError
-from pipelines.modeling import is_peft_model, merge_adapter
+from pipelines.modeling import is_peft_model, merge_adapter, reorder_head_labels
 from pipelines.outputs import METRICS_FILE, load_saved_config
 from pipelines.task import Task
 
@@ -313,7 +313,16 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
     teacher_labels = getattr(teacher.config, "id2label", None)
     student_labels = getattr(student.config, "id2label", None)
     if teacher_labels != student_labels:
-        raise DistillError(f"the teacher {distill.teacher} predicts labels {teacher_labels}, the student {student_labels}; they must match")
+        teacher_names, student_names = ([labels[i] for i in range(len(labels))] for labels in (teacher_labels or {}, student_labels or {}))
+        # The same labels in another order (a Hub ClassLabel order against a local file's): the teacher's
+        # output rows are permuted into the student's order, so each soft target lands on its own label.
+        if not reorder_head_labels(teacher, teacher_names, student_names):
+            named = "label_names" in type(config.task_options).model_fields
+            raise DistillError(
+                f"the teacher {distill.teacher} predicts labels {teacher_names}, the student {student_names}; they must "
+                f"be the same labels" + (f": set {config.task}.label_names to the teacher's" if named else "")
+            )
+        teacher.config.id2label, teacher.config.label2id = dict(student_labels), {name: index for index, name in student_labels.items()}
     teacher_depth = teacher.config.num_hidden_layers
     if distill.init == "teacher":
         keep = teacher_layer_choice(teacher_depth, distill.num_layers, distill.layers)

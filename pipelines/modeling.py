@@ -3,9 +3,10 @@
 In:  a model id or folder (resolved through the mirror), an Auto class for the task's head, and
      optionally the task's label maps or a from-scratch architecture.
 Out: a fast tokenizer and a ``PreTrainedModel`` with label maps stored in its config, so that
-     ``pipeline()`` on the saved run reports label names. A checkpoint whose head was trained for a
-     different label set is loaded with ``ignore_mismatched_sizes`` (and a warning saying so); any
-     other shape mismatch stays an error.
+     ``pipeline()`` on the saved run reports label names. A checkpoint whose head was trained for the
+     same labels in another order has its output rows permuted to ours; one trained for a different
+     label set gets a new head (``ignore_mismatched_sizes`` when the count differs) and a warning
+     saying so; any other shape mismatch stays an error.
 
 PEFT: :func:`apply_peft` wraps a task model in a ``PeftModel`` (LoRA or IA3) whose peft task type
 is the task's ``peft_task_type`` and whose adapter targets and fully trained modules default
@@ -163,19 +164,22 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
         # new adapter, which freezes what it needs) starts from a model whose weights all train.
         merged = merge_adapter(adapted).requires_grad_(True)
         wanted = label_maps.get("id2label")
+        run_labels = _label_list(merged.config.id2label)
         # The adapter run's head is its own (its config may still name the base's architecture).
-        if wanted is not None and len(merged.config.id2label) != len(wanted):
+        if wanted is not None and len(run_labels) != len(wanted):
             raise ModelError(
-                f"model.name_or_path={source} is an adapter run whose head predicts {list(merged.config.id2label.values())}; "
+                f"model.name_or_path={source} is an adapter run whose head predicts {run_labels}; "
                 f"a head for {list(wanted.values())} cannot grow on it. Start from its base model, or "
                 f"from a full model (`bertpipe merge {source}` writes one to its merged/ folder)"
             )
         # The run's label names, as for a full checkpoint: the merged config still holds the adapter run's.
         for key, value in label_maps.items():
             setattr(merged.config, key, value)
+        if wanted is not None:
+            merged.bertpipe_initialized_keys = _match_head_to_labels(merged, run_labels, source)
         return merged
     config = AutoConfig.from_pretrained(location, revision=model.revision)
-    checkpoint_labels = list(config.id2label.values())
+    checkpoint_labels = _label_list(config.id2label)
     mismatched_head = _head_labels_differ(config, label_maps)
     for key, value in {**label_maps, **extra}.items():
         setattr(config, key, value)
@@ -188,9 +192,12 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
     loaded, loading_info = auto_class.from_pretrained(
         location, config=config, revision=model.revision, ignore_mismatched_sizes=mismatched_head, output_loading_info=True
     )
+    initialized = []
+    if "id2label" in label_maps and _has_head(config) and not mismatched_head:
+        initialized = _match_head_to_labels(loaded, checkpoint_labels, source)
     # Weights the checkpoint lacked (a new head, or e.g. a pooler an MLM checkpoint never had) are
     # random: peft must train and save them, or an adapter would not reload to the same model.
-    initialized = [*loading_info.get("missing_keys", ()), *loading_info.get("mismatched_keys", ())]
+    initialized += [*loading_info.get("missing_keys", ()), *loading_info.get("mismatched_keys", ())]
     loaded.bertpipe_initialized_keys = sorted({key[0] if isinstance(key, tuple) else key for key in initialized})
     return loaded
 
@@ -236,12 +243,85 @@ def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) ->
             )
 
 
-def _head_labels_differ(config: PretrainedConfig, label_maps: dict[str, Any]) -> bool:
-    """True when the checkpoint already has a task head whose label count differs from ours."""
-    wanted = label_maps.get("id2label")
+def _has_head(config: PretrainedConfig) -> bool:
     architectures = getattr(config, "architectures", None) or []
-    has_head = any(name.endswith(("ForSequenceClassification", "ForTokenClassification")) for name in architectures)
-    return wanted is not None and has_head and len(config.id2label) != len(wanted)
+    return any(name.endswith(("ForSequenceClassification", "ForTokenClassification")) for name in architectures)
+
+
+def _head_labels_differ(config: PretrainedConfig, label_maps: dict[str, Any]) -> bool:
+    """True when the checkpoint already has a task head whose label count differs from ours (its weights cannot load)."""
+    wanted = label_maps.get("id2label")
+    return wanted is not None and _has_head(config) and len(config.id2label) != len(wanted)
+
+
+def _label_list(id2label: dict[int, str]) -> list[str]:
+    return [id2label[index] for index in range(len(id2label))]
+
+
+def _unnamed(labels: list[str]) -> bool:
+    """transformers' placeholder names: the checkpoint does not say what its rows mean."""
+    return all(name == f"LABEL_{index}" for index, name in enumerate(labels))
+
+
+def _output_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Linear] | None:
+    """The head's last linear layer with one output per label: its rows score the labels.
+
+    BERT/ALBERT/DistilBERT ``classifier``, RoBERTa/XLM-R/ELECTRA ``classifier.out_proj`` (after a
+    dense layer), ModernBERT/DeBERTa ``classifier``; layers inside the base model are not the head's.
+    """
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    inside = {id(module) for module in base.modules()} if isinstance(base, torch.nn.Module) and base is not model else set()
+    found = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and id(module) not in inside and module.out_features == model.config.num_labels:
+            found = (name, module)
+    return found
+
+
+def reorder_head_labels(model: torch.nn.Module, from_labels: list[str], to_labels: list[str]) -> bool:
+    """Permute the rows of ``model``'s output layer, which score ``from_labels`` in that order, so that
+    they score ``to_labels`` (the same names in another order): each label keeps its own weights and
+    the model predicts exactly what it did. False when the model has no such layer."""
+    found = _output_layer(model)
+    if found is None or sorted(from_labels) != sorted(to_labels) or len(set(to_labels)) != len(to_labels):
+        return False
+    layer = found[1]
+    order = torch.tensor([from_labels.index(name) for name in to_labels], device=layer.weight.device)
+    with torch.no_grad():
+        layer.weight.copy_(layer.weight[order])
+        if layer.bias is not None:
+            layer.bias.copy_(layer.bias[order])
+    return True
+
+
+def _match_head_to_labels(model: PreTrainedModel, checkpoint_labels: list[str], source: str) -> list[str]:
+    """Make a loaded head whose rows follow ``checkpoint_labels`` score ``model.config.id2label`` instead.
+
+    Loading by shape alone kept a checkpoint's rows under new names when only the count matched: a run
+    started from another run whose labels came in another order (a Hub ClassLabel order against a local
+    file's) predicted one label's row under another's name, with no error. The same names in another
+    order are permuted; other names get a new head (as a head of another size would). Placeholder names
+    (``LABEL_0``, ...) say nothing about the rows, which are kept in order. Returns the re-initialised keys.
+    """
+    wanted = _label_list(model.config.id2label)
+    if wanted == checkpoint_labels or _unnamed(checkpoint_labels):
+        return []
+    if reorder_head_labels(model, checkpoint_labels, wanted):
+        logger.info("%s: head rows reordered from labels %s to %s", source, checkpoint_labels, wanted)
+        return []
+    found = _output_layer(model)
+    if found is None:
+        raise ModelError(
+            f"{source} has a head trained for labels {checkpoint_labels}, and bertpipe cannot find its output layer to "
+            f"give it labels {wanted}; start from its base model"
+        )
+    name, layer = found
+    logger.warning("%s has a head trained for labels %s; a new head is initialised for labels %s", source, checkpoint_labels, wanted)
+    # transformers' initialisers skip parameters marked as loaded from the checkpoint.
+    for parameter in layer.parameters():
+        parameter._is_hf_initialized = False
+    model._init_weights(layer)
+    return [f"{name}.{key}" for key, _ in layer.named_parameters()]
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -114,6 +114,40 @@ def random_student(folder: Path, teacher_dir: Path, auto_class=None) -> Path:
     return folder
 
 
+def test_distill_teacher_with_the_labels_in_another_order_gives_each_label_its_own_soft_target(classification_teacher, tmp_path):
+    """The student lists the teacher's labels in another order (classification.label_names, or a Hub ClassLabel
+    order against a local file's): each soft target is the teacher's score of that same label. Other labels are
+    refused, saying how to fix it."""
+    from transformers import AutoModelForSequenceClassification
+
+    from pipelines.distill import build_distillation_model
+
+    root, path, teacher_dir = classification_teacher
+
+    def distillation(label_names: str):
+        config = distill_config(str(teacher_dir), str(path), [*PINNED, f"output_dir={tmp_path / 'student'}", "distill.alpha=1.0",
+                                                             f"classification.label_names={label_names}"], options_for)
+        task = get_task(config.task)(config)
+        raw = task.load()
+        task.build_tokenizer(raw)
+        return config, task, raw, build_distillation_model(task.build_model(raw), config, task)
+
+    config, task, raw, model = distillation("[positive,negative]")
+    assert model.student.config.id2label == {0: "positive", 1: "negative"}
+    features = task.preprocess(raw["train"].select(range(8)), train=True)
+    batch = task.collator(train=True)([features[index] for index in range(8)])
+    outputs = model.train()(**batch)
+    teacher = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
+    assert teacher.config.id2label == {0: "negative", 1: "positive"}
+    with torch.no_grad():
+        soft_targets = teacher(**{key: value for key, value in batch.items() if key != "labels"}).logits[:, [1, 0]]
+    expected = soft_target_kl(outputs.logits.detach(), soft_targets, config.distill.temperature)
+    assert float(outputs.loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
+
+    with pytest.raises(DistillError, match=r"predicts labels \['negative', 'positive'\].*set classification.label_names to the teacher's"):
+        distillation("[negative,neutral,positive]")
+
+
 def test_distill_data_longer_than_the_teachers_positions_exits_before_training(classification_teacher, tmp_path):
     """A student of its own (init: model) with more positions than the teacher passes the student's length check;
     the teacher reads the same batches, so the run stops before step 1 naming data.max_seq_length and the teacher."""

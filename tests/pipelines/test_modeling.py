@@ -1,0 +1,115 @@
+"""Task heads loaded by ``pipelines.modeling.load_model`` from a checkpoint that already has one (a finished
+run, a fine-tuned Hub model, an adapter run): each label keeps its own output row, whatever order the new
+run lists the labels in, and a head trained for other labels is not reused under new names.
+
+Checkpoints are tiny random models of each encoder family, saved here with a head; no tokenizer is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+from pipelines.config import ModelConfig, PeftConfig
+from pipelines.modeling import apply_peft, load_model, save_adapter_run
+from tests.families.builders import ENCODER_FAMILIES, _model_config
+
+VOCAB = 60
+HEADS = {
+    "sequence": (AutoModelForSequenceClassification, ["negative", "neutral", "positive"], ["positive", "negative", "neutral"]),
+    "token": (AutoModelForTokenClassification, ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"], ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]),
+}
+
+
+class _Vocabulary:
+    """What the family builders read from a tokenizer to size a model."""
+
+    pad_token_id, cls_token_id, sep_token_id = 1, 2, 3
+
+    def __len__(self) -> int:
+        return VOCAB
+
+
+def label_maps(names: list[str]) -> dict:
+    return {"num_labels": len(names), "id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
+
+
+def save_checkpoint(directory, family: str, auto_class, names: list[str] | None):
+    config = _model_config(family, _Vocabulary())
+    if names is not None:
+        config.update(label_maps(names))
+    torch.manual_seed(0)
+    model = auto_class.from_config(config)
+    with torch.no_grad():  # a trained head's bias is not zero: it must move with its row
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(std=0.5)
+    model.save_pretrained(directory)
+    return model.eval()
+
+
+def logits_of(model) -> torch.Tensor:
+    input_ids = torch.randint(4, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model.eval()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_modeling_head_from_a_checkpoint_with_the_labels_in_another_order_scores_each_label_with_its_own_row(family, head, tmp_path):
+    auto_class, checkpoint_labels, run_labels = HEADS[head]
+    checkpoint = save_checkpoint(tmp_path / "checkpoint", family, auto_class, checkpoint_labels)
+    loaded = load_model(auto_class, ModelConfig(name_or_path=str(tmp_path / "checkpoint")), label_maps=label_maps(run_labels))
+    assert loaded.config.id2label == dict(enumerate(run_labels))
+    by_run_order = [checkpoint_labels.index(name) for name in run_labels]
+    torch.testing.assert_close(logits_of(loaded), logits_of(checkpoint)[..., by_run_order], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])  # a one-layer head, and a dense layer before the output layer
+def test_modeling_head_from_a_checkpoint_with_other_label_names_is_new_and_says_so(family, tmp_path, caplog):
+    checkpoint = save_checkpoint(tmp_path / "checkpoint", family, AutoModelForSequenceClassification, ["negative", "positive"])
+    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+        loaded = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tmp_path / "checkpoint")),
+                            label_maps=label_maps(["no", "yes"]))
+    output = "classifier" if family == "bert" else "classifier.out_proj"
+    new, old = loaded.get_submodule(output), checkpoint.get_submodule(output)
+    assert not torch.equal(new.weight, old.weight) and not new.bias.any()
+    assert 0 < float(new.weight.detach().std()) < 0.1  # the family's initialiser, not the checkpoint's rows
+    assert {f"{output}.weight", f"{output}.bias"} <= set(loaded.bertpipe_initialized_keys)
+    if family == "roberta":  # as transformers does for a head of another size: only the output layer is new
+        torch.testing.assert_close(loaded.classifier.dense.weight, checkpoint.classifier.dense.weight)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "['negative', 'positive']" in warnings[0] and "['no', 'yes']" in warnings[0], warnings
+
+
+def test_modeling_head_whose_labels_are_placeholders_keeps_its_rows(tmp_path):
+    """LABEL_0, LABEL_1 (a Hub model fine-tuned without label names) say nothing about the rows: kept in order."""
+    checkpoint = save_checkpoint(tmp_path / "checkpoint", "bert", AutoModelForSequenceClassification, None)
+    assert checkpoint.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+    loaded = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tmp_path / "checkpoint")),
+                        label_maps=label_maps(["negative", "positive"]))
+    torch.testing.assert_close(logits_of(loaded), logits_of(checkpoint), rtol=0, atol=0)
+
+
+def test_modeling_head_from_an_adapter_run_with_the_labels_in_another_order_scores_each_label_with_its_own_row(tmp_path):
+    checkpoint_labels, run_labels = HEADS["sequence"][1:]
+    save_checkpoint(tmp_path / "base", "bert", AutoModelForMaskedLM, None)
+    peft = PeftConfig(r=4, alpha=8, dropout=0.0)
+    model = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tmp_path / "base"), peft=peft),
+                       label_maps=label_maps(checkpoint_labels))
+    adapted = apply_peft(model, peft, "SEQ_CLS", base_model_name_or_path=str(tmp_path / "base"))
+    torch.manual_seed(2)
+    with torch.no_grad():  # a trained adapter and head (LoRA B starts at zero)
+        for parameter in adapted.parameters():
+            if parameter.requires_grad:
+                parameter.normal_(std=0.2)
+    expected = logits_of(adapted)
+    save_adapter_run(adapted, tmp_path / "adapter-run")
+    loaded = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tmp_path / "adapter-run")),
+                        label_maps=label_maps(run_labels))
+    assert loaded.config.id2label == dict(enumerate(run_labels))
+    by_run_order = [checkpoint_labels.index(name) for name in run_labels]
+    torch.testing.assert_close(logits_of(loaded), expected[..., by_run_order], rtol=1e-5, atol=1e-5)
