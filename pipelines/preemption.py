@@ -12,19 +12,15 @@ Out: :class:`StopSignals`, installed around the training loop: it notes the sign
 A second signal while the step finishes stops at once, as Ctrl-C does (the checkpoint being written is
 discarded, complete ones are kept). Outside the loop (loading data, the final evaluation and save) the
 signals keep their usual effect: there is no step to stop at there. :func:`passed_on_to` makes a parent
-that only waits for its worker processes (``bertpipe sweep --workers K``) hand the signal on to them; the one
-process of ``accelerate launch`` asks the kernel for a SIGTERM when the launcher, which passes on nothing, ends.
+that only waits for its worker processes (``bertpipe sweep --workers K``) hand the signal on to them.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
 import threading
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Iterator, Sequence
 
@@ -32,25 +28,6 @@ import torch
 import torch.distributed as dist
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-_PR_SET_PDEATHSIG = 1
-
-
-def _under_a_launcher_that_keeps_signals() -> bool:
-    """Whether this process is the one process of ``accelerate launch`` (no ``--multi_gpu``), which runs it
-    as a plain child and, sent SIGTERM, dies without passing it on: the child would train on as an orphan.
-    (With several processes, torch's launcher passes the signal on itself.)"""
-    if sys.platform != "linux" or "ACCELERATE_USE_CPU" not in os.environ or "LOCAL_RANK" in os.environ:
-        return False
-    try:
-        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(part.endswith(b"accelerate") or b"accelerate.commands.launch" in part for part in parent)
-
-
-def _signal_when_parent_dies(number: int) -> None:
-    """Linux's PR_SET_PDEATHSIG: the kernel sends ``number`` (0: nothing) to this process when its parent ends."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, number)
 
 
 class StopSignals:
@@ -68,8 +45,6 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for number in STOP_SIGNALS:
                 self._previous[number] = signal.signal(number, self._note)
-            if _under_a_launcher_that_keeps_signals():
-                _signal_when_parent_dies(signal.SIGTERM)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # The flag is agreed over gloo, on the CPU, even when training runs on GPUs with NCCL: reducing a
             # device tensor would make every step wait for the device.
@@ -80,8 +55,6 @@ class StopSignals:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        if self._previous and _under_a_launcher_that_keeps_signals():
-            _signal_when_parent_dies(0)
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous.clear()

@@ -303,27 +303,3 @@ def test_cli_resume_on_training_data_edited_since_the_checkpoint_is_refused_befo
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"checkpoint {run_dir / 'checkpoints' / 'step-00000004'} was trained on other training data than this run has" in result.stderr
     assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
-
-
-def test_cli_sigterm_to_a_one_process_accelerate_launch_reaches_the_training(tmp_path, tiny_bert, sentiment_files):
-    """``accelerate launch`` of one process runs it as a plain child and dies of SIGTERM without passing it
-    on (Kubernetes signals PID 1 alone): the run trained on as an orphan, and nothing was checkpointed."""
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="launched", **dict(TRAIN, num_epochs=6, save_steps=None))
-    script = tmp_path / "slow_train.py"
-    script.write_text(SLOW_TRAINING)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--mixed_precision", "no",
-         "--dynamo_backend", "no", str(script), "train", str(config)],
-        cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    log = tmp_path / "launched" / "log.jsonl"
-    deadline = time.monotonic() + 300
-    while not (log.is_file() and sum("loss" in line for line in log.read_text().splitlines()) >= 3):
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
-        time.sleep(0.01)
-    launcher.send_signal(signal.SIGTERM)
-    _, stderr = launcher.communicate(timeout=300)  # until the training process, which shares its stderr, has ended too
-
-    found = re.search(r"bertpipe train: stopped by SIGTERM at step (\d+) of 36; checkpoint \S+ is complete", stderr)
-    assert found, stderr[-3000:]
-    assert [path.name for path in (tmp_path / "launched" / "checkpoints").iterdir()] == [f"step-{int(found.group(1)):08d}"]
