@@ -322,10 +322,13 @@ class ClassificationTask(TaskBase):
         metrics = {"accuracy": self._metric("accuracy").compute(predictions=predicted, references=references)["accuracy"]}
         if binary:
             metrics["f1"] = self._metric("f1").compute(predictions=predicted, references=references)["f1"]
+        # Over the labels that occur in the references or the predictions (sklearn's default): a class the
+        # split lacks and the model never predicts has no precision or recall, and averaging it in as 0 marks
+        # a perfect model down.
         for name in ("f1", "precision", "recall"):
             for average in ("macro", "micro") if name == "f1" else ("macro",):
                 metrics[f"{name}_{average}"] = self._metric(name).compute(
-                    predictions=predicted, references=references, average=average, labels=list(range(len(self.label_names)))
+                    predictions=predicted, references=references, average=average
                 )[name]
         metrics["matthews_correlation"] = self._metric("matthews_correlation").compute(
             predictions=predicted, references=references

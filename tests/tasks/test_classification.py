@@ -266,3 +266,25 @@ def test_classification_texts_past_max_seq_length_are_cut_with_a_warning_naming_
         features = task.preprocess(task.load_inputs(str(inputs)), train=False, inputs=True)
     assert len(features["input_ids"][0]) == 12
     assert f"--input {inputs}: 1 of 1 text pair(s) (rows 1, counting from 1) are longer than data.max_seq_length=12" in caplog.text
+
+
+def test_classification_macro_averages_skip_a_class_absent_from_the_eval_split_and_never_predicted(tmp_path, tiny_bert):
+    """A class trained on but absent from the eval split, and never predicted, has no precision or recall to
+    average: counting it as 0 marked a perfect model down to 2/3 macro-F1 on a split without one of three labels
+    (sklearn's and evaluate's macro averages, the ones users compare with, take the labels that occur)."""
+    rows = [{"text": "good", "label": "pos"}, {"text": "bad", "label": "neg"}, {"text": "meh", "label": "neutral"}]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows[:2])
+    features = task.preprocess(raw["validation"], train=False)
+    pos, neg = task.label_names.index("pos"), task.label_names.index("neg")
+    perfect = np.full((2, 3), -5.0)
+    perfect[0, pos] = perfect[1, neg] = 5.0
+    metrics = task.compute_metrics(task.postprocess({"logits": perfect}, features, raw["validation"]), raw["validation"])
+    assert metrics["accuracy"] == 1.0
+    assert metrics["f1_macro"] == metrics["precision_macro"] == metrics["recall_macro"] == 1.0
+
+    # Predicting the absent class is a mistake, and scores as one.
+    wrong = perfect.copy()
+    wrong[1] = -5.0
+    wrong[1, task.label_names.index("neutral")] = 5.0
+    metrics = task.compute_metrics(task.postprocess({"logits": wrong}, features, raw["validation"]), raw["validation"])
+    assert metrics["recall_macro"] == metrics["f1_macro"] == pytest.approx(1 / 3)
