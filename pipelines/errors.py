@@ -23,6 +23,10 @@ class UserError(Exception):
     """Input (config, data, model, folders) that cannot be used; the message names key, file or row."""
 
 
+class DataError(UserError, ValueError):
+    """Input data that cannot be used as configured; the message names the file/split/column."""
+
+
 class ModelError(UserError, ValueError):
     """A model or tokenizer that cannot serve the configured task (raised by the loaders and the ONNX runner)."""
 

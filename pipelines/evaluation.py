@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 from pipelines.batching import eval_dataloader
 from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
 from pipelines.config import DataConfig, RunConfig
-from pipelines.data import read_inputs, split_source
+from pipelines.data import split_source
+from pipelines.files import read_inputs
 from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import (
     MERGED_DIR, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,

@@ -21,9 +21,11 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import (
-    DataError, KeyedOnCode, finalize_splits, load_raw, read_inputs, require_columns, require_one_type, require_text, require_values,
-    row_list, skip_blank_lines, split_source, tokenize_with_lengths,
+    KeyedOnCode, finalize_splits, load_raw, require_columns, require_one_type, require_text, require_values, row_list, split_source,
+    tokenize_with_lengths,
 )
+from pipelines.errors import DataError
+from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model
 from pipelines.task import TaskBase

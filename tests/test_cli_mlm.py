@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipelines.config import load_config
-from pipelines.data import DataError
+from pipelines.errors import DataError
 from tasks import get_task
 from tasks.mlm import MlmTask
 from tests.conftest import corpus_sentences, run_cli, sentiment_rows, write_config

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from pipelines.data import DataError
+from pipelines.errors import DataError
 
 _HEADING = re.compile(r"^\s*(=\s+)+[^=].*?(\s+=)+\s*$")
 _TOP_HEADING = re.compile(r"^\s*=\s+[^=](.*[^=])?\s+=\s*$")

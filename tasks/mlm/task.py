@@ -23,7 +23,9 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, finalize_splits, load_raw, read_inputs, require_columns, skip_blank_lines
+from pipelines.data import finalize_splits, load_raw, require_columns
+from pipelines.errors import DataError
+from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 from pipelines.task import TaskBase

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 from datasets import ClassLabel, Dataset
 
-from pipelines.data import DataError, json_records, naming_undecodable
+from pipelines.errors import DataError
+from pipelines.files import json_records, naming_undecodable
 
 CONLL_SUFFIXES = (".txt", ".conll")
 JSON_SUFFIXES = (".json", ".jsonl")

@@ -23,7 +23,9 @@ from pydantic import Field
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, KeyedOnCode, finalize_splits, load_split_files, read_inputs
+from pipelines.data import KeyedOnCode, finalize_splits
+from pipelines.errors import DataError
+from pipelines.files import load_split_files, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import encode_words_as_in_running_text, load_model

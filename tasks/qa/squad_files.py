@@ -18,7 +18,8 @@ from typing import Any
 
 from datasets import Dataset, Features, Sequence as SequenceFeature, Value
 
-from pipelines.data import DataError, json_records, naming_undecodable
+from pipelines.errors import DataError
+from pipelines.files import json_records, naming_undecodable
 from tasks.qa.decoding import is_invisible
 
 EXAMPLE_FEATURES = Features({

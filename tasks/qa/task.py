@@ -21,7 +21,9 @@ from pydantic import Field
 from transformers import AutoModelForQuestionAnswering
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import DataError, KeyedOnCode, finalize_splits, load_raw, load_split_files, require_columns
+from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_columns
+from pipelines.errors import DataError
+from pipelines.files import load_split_files
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model
 from pipelines.outputs import write_json

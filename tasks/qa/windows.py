@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pipelines.data import DataError
+from pipelines.errors import DataError
 from pipelines.graphemes import GRAPHEME
 from tasks.qa.decoding import trim_span
 

@@ -14,7 +14,8 @@ from functools import partial
 
 from datasets import Dataset
 
-from pipelines.data import DataError, KeyedOnCode, tokenize_with_lengths
+from pipelines.data import KeyedOnCode, tokenize_with_lengths
+from pipelines.errors import DataError
 
 
 def to_language_columns(split: Dataset, languages: list[str], translation_column: str, split_name: str) -> Dataset:

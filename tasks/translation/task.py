@@ -22,9 +22,9 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import (
-    DataError, KeyedOnCode, finalize_splits, load_raw, read_inputs, require_text, row_list, skip_blank_lines, split_source,
-)
+from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_text, row_list, split_source
+from pipelines.errors import DataError
+from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.metrics import load_metric
 from pipelines.outputs import write_json
 from pipelines.task import TaskBase

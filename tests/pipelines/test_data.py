@@ -6,7 +6,9 @@ import sys
 import pytest
 
 from pipelines.config import DataConfig
-from pipelines.data import DataError, KeyedOnCode, check_decodes, finalize_splits, load_raw, read_inputs, require_columns
+from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_columns
+from pipelines.errors import DataError
+from pipelines.files import read_inputs
 
 
 def write_rows(path, rows, sep=None):
@@ -64,12 +66,6 @@ def test_data_missing_column_lists_available(tmp_path):
         require_columns(raw["train"], ["review", None], "train")
 
 
-def test_data_prediction_inputs_from_text_lines(tmp_path):
-    path = tmp_path / "in.txt"
-    path.write_text("first line\nsecond line\n")
-    assert read_inputs(path)["text"] == ["first line", "second line"]
-
-
 # ----- text encodings ------------------------------------------------------------------------
 # Each builder fails on a bad byte in its own way (a text decode error, pandas, pyarrow's JSON reader).
 @pytest.mark.parametrize(
@@ -89,13 +85,6 @@ def test_data_latin1_file_among_utf8_names_file_line_and_the_setting(tmp_path, s
     assert "data.encoding" in message
 
 
-def test_data_read_inputs_drops_a_byte_order_mark_from_a_text_file(tmp_path):
-    path = tmp_path / "inputs.txt"
-    path.write_bytes("\ufeffgood film\nbad film\n".encode("utf-8"))
-    assert read_inputs(path)["text"] == ["good film", "bad film"]
-    assert read_inputs(path, encoding="UTF8")["text"] == ["good film", "bad film"]
-
-
 def test_data_jsonl_in_another_encoding_names_the_byte_after_the_read_fails(tmp_path):
     lines = tmp_path / "rows.jsonl"
     lines.write_bytes('{"text": "ok"}\n{"text": "café"}\n'.encode("latin-1"))
@@ -107,19 +96,11 @@ def test_data_files_that_decode_are_read_once_not_scanned_first(tmp_path, monkey
     def scan(*args, **kwargs):
         raise AssertionError("a file that decodes was scanned")
 
-    monkeypatch.setattr("pipelines.data.check_decodes", scan)
+    monkeypatch.setattr("pipelines.files.check_decodes", scan)
     text = tmp_path / "good.txt"
     text.write_text("naïve café\n", encoding="utf-8")
     assert load_raw(DataConfig(files={"train": str(text)}))["train"]["text"] == ["naïve café"]
     assert read_inputs(text)["text"] == ["naïve café"]
-
-
-@pytest.mark.parametrize(("suffix", "content", "offset"), [(".txt", "fine\nCoppée\n", 9), (".jsonl", '{"text": "fine"}\n{"text": "Coppée"}\n', 31)])
-def test_predict_inputs_name_a_bad_byte(tmp_path, suffix, content, offset):
-    path = tmp_path / f"inputs{suffix}"
-    path.write_bytes(content.encode("latin-1"))
-    with pytest.raises(DataError, match=rf"input: {path}, line 2 \(byte {offset}\): byte 0xe9 is not valid utf-8"):
-        read_inputs(path)
 
 
 def test_data_encoding_setting_decodes_text_csv_and_jsonl(tmp_path):
@@ -132,31 +113,6 @@ def test_data_encoding_setting_decodes_text_csv_and_jsonl(tmp_path):
     lines = tmp_path / "rows.jsonl"
     lines.write_bytes('{"text": "café"}\n'.encode("latin-1"))
     assert load_raw(DataConfig(files={"train": str(lines)}, encoding="latin-1"))["train"]["text"] == ["café"]
-
-
-def test_check_decodes_reports_the_right_byte_past_a_chunk_and_accepts_split_characters(tmp_path):
-    # A 2-byte character straddling the 1 MiB read boundary is valid; the bad byte after it must be
-    # reported at its offset in the file, not in the chunk.
-    prefix = b"a" * ((1 << 20) - 1) + b"\n"
-    straddling = prefix[:-1] + "é".encode("utf-8") + b"\nok\n"
-    path = tmp_path / "big.txt"
-    path.write_bytes(straddling)
-    check_decodes(path, "utf-8")
-    path.write_bytes(straddling + b"x\xff")
-    with pytest.raises(DataError, match=rf"line 3 \(byte {len(straddling) + 1}\): byte 0xff"):
-        check_decodes(path, "utf-8")
-    path.write_bytes(b"ok \xc3")
-    with pytest.raises(DataError, match="ends inside a multi-byte utf-8 character"):
-        check_decodes(path, "utf-8")
-
-
-def test_predict_inputs_decode_in_the_encoding_given(tmp_path):
-    text = tmp_path / "inputs.txt"
-    text.write_bytes("Coppée\n".encode("latin-1"))
-    assert read_inputs(text, encoding="latin-1")["text"] == ["Coppée"]
-    table = tmp_path / "inputs.csv"
-    table.write_bytes("text\ncafé\n".encode("cp1252"))
-    assert read_inputs(table, encoding="cp1252")["text"] == ["café"]
 
 
 def test_data_unknown_encoding_is_a_config_error():

@@ -8,7 +8,7 @@ import torch
 from datasets import ClassLabel, Dataset, Features, Sequence, Value
 
 from pipelines.config import load_config
-from pipelines.data import DataError
+from pipelines.errors import DataError
 from tasks import get_task
 from tasks.classification import ClassificationTask
 from tests.conftest import write_jsonl

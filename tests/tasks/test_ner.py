@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipelines.config import load_config
-from pipelines.data import DataError
+from pipelines.errors import DataError
 from pipelines.metrics import load_metric
 from tasks import get_task
 from tasks.ner import (

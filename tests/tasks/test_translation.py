@@ -14,7 +14,7 @@ import torch
 from datasets import Dataset
 
 from pipelines.config import load_config
-from pipelines.data import DataError
+from pipelines.errors import DataError
 from pipelines.errors import ModelError
 from pipelines.metrics import load_metric
 from tasks import get_task

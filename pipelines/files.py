@@ -1,0 +1,373 @@
+"""Local data files in their native formats -> ``datasets`` splits, with errors that name the file and row.
+
+In:  ``data.files`` (split -> path or paths; csv, tsv, json, jsonl, parquet, txt, .tokens/.raw) and their
+     text encoding; or one ``bertpipe predict`` input file.
+Out: a ``DatasetDict`` by split (``load_local_files``), a ``Dataset`` of inputs (``read_inputs``), or a
+     :class:`~pipelines.errors.DataError` naming the file, line and byte or row: a missing file, a bad byte,
+     a csv without rows or with a duplicated header, a JSON-lines line that is not an object.
+
+Tasks with their own formats (CoNLL columns, nested SQuAD JSON) read them with their own reader through
+``load_split_files`` and share ``json_records`` and ``naming_undecodable``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import datasets
+from datasets import Dataset, DatasetDict
+from datasets.exceptions import DatasetGenerationError
+
+from pipelines.errors import DataError, UserError, describe
+
+logger = logging.getLogger(__name__)
+
+_BUILDER_BY_SUFFIX = {
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t"}),
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".parquet": ("parquet", {}),
+    ".txt": ("text", {}),
+    # Plain-text corpora under their customary names (WikiText ships .tokens and .raw).
+    ".tokens": ("text", {}),
+    ".raw": ("text", {}),
+}
+
+
+def builder_for_files(files: dict[str, str | list[str]]) -> tuple[str, dict]:
+    """The ``datasets`` builder and its options for a set of local files (one format at a time)."""
+    suffixes = {Path(path).suffix.lower() for paths in files.values() for path in as_list(paths)}
+    unknown = suffixes - set(_BUILDER_BY_SUFFIX)
+    if unknown:
+        raise DataError(f"data.files: unsupported file type(s) {sorted(unknown)}; use one of {sorted(_BUILDER_BY_SUFFIX)}")
+    formats = {(_BUILDER_BY_SUFFIX[s][0], tuple(_BUILDER_BY_SUFFIX[s][1].items())) for s in suffixes}
+    if len(formats) != 1:
+        raise DataError(f"data.files mixes formats {sorted(suffixes)}; give all splits in one format")
+    builder, options = formats.pop()
+    return builder, dict(options)
+
+
+def as_list(paths: str | list[str]) -> list[str]:
+    return [paths] if isinstance(paths, str) else list(paths)
+
+
+def check_files_exist(files: dict[str, str | list[str]]) -> None:
+    """Every configured file exists (before ``datasets`` reports a missing one without its key)."""
+    for split, paths in files.items():
+        for path in as_list(paths):
+            if not Path(path).is_file():
+                raise DataError(f"data.files.{split}: file {path} {_not_a_file(Path(path))}")
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not a readable file, in the words a message needs."""
+    if not path.exists():
+        return "does not exist"
+    return "is a folder, not a file" if path.is_dir() else "is not a regular file"
+
+
+@contextmanager
+def naming_undecodable(paths_by_label: dict[str, list[str | Path]], encoding: str, *, scan_first: bool = False) -> Iterator[None]:
+    """Turn a read that failed on a bad byte into a DataError naming the file, line and byte.
+
+    The files are scanned only after a read has failed, so a good corpus is read once; a read that
+    failed for another reason re-raises unchanged. ``scan_first`` scans before the read too, for
+    readers that accept bad bytes silently. The label (e.g. ``data.files.train``) starts the
+    message so the user knows which setting to fix.
+    """
+
+    def scan() -> None:
+        for label, paths in paths_by_label.items():
+            for path in paths:
+                check_decodes(path, encoding, where=label)
+
+    if scan_first:
+        scan()
+    try:
+        yield
+    except (UnicodeError, DatasetGenerationError):
+        scan()
+        raise
+
+
+_BINARY_SUFFIXES = {".parquet", ".arrow"}
+
+
+def check_decodes(path: str | Path, encoding: str, *, where: str = "input") -> None:
+    """Raise a DataError naming the line and byte when a text file is not valid ``encoding``.
+
+    ``datasets`` reports a bad byte as a generic generation error without the file, and one
+    Latin-1 book among UTF-8 ones is a common way to meet it. Decoding in chunks keeps memory flat.
+    """
+    path = Path(path)
+    if path.suffix.lower() in _BINARY_SUFFIXES:
+        return
+    decoder = codecs.getincrementaldecoder(encoding)()
+    offset, line = 0, 1
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            pending = decoder.getstate()[0]  # the start of a character split across chunks
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as error:
+                buffer = pending + chunk
+                bad = offset - len(pending) + error.start
+                line += buffer[len(pending): error.start].count(b"\n")
+                context = buffer[max(0, error.start - 30): error.start + 10]
+                raise DataError(
+                    f"{where}: {path}, line {line} (byte {bad}): byte 0x{buffer[error.start]:02x} is not valid {encoding} "
+                    f"(near {context!r}); set data.encoding to the file's encoding (e.g. latin-1, cp1252) "
+                    f"or convert it (iconv -f latin1 -t utf-8)"
+                ) from None
+            offset += len(chunk)
+            line += chunk.count(b"\n")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(f"{where}: {path} ends inside a multi-byte {encoding} character (truncated file?)") from None
+
+
+def json_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSON-lines text with their 1-based numbers.
+
+    Splits on ``\\n`` only: ``str.splitlines()`` also splits at U+2028 and other separators that a JSON
+    string may hold raw, which would cut a record in two.
+    """
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            yield number, line
+
+
+def json_records(text: str, source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) per non-blank line of a JSON-lines text; a line that is not a JSON object
+    is one ``DataError`` naming ``source`` and the line."""
+    for number, line in json_lines(text):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{source}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{source}, line {number}: a JSON-lines record must be an object, got {type(record).__name__}")
+        yield number, record
+
+
+def load_split_files(
+    files: dict[str, str | list[str]], read_file: Callable[[Path], list[dict[str, Any]]],
+    to_dataset: Callable[[list[dict[str, Any]]], Dataset],
+) -> DatasetDict:
+    """``data.files`` through a task's own reader: each split's files in order, their rows one Dataset."""
+    check_files_exist(files)
+    return DatasetDict({
+        split: to_dataset([row for path in as_list(paths) for row in read_file(Path(path))]) for split, paths in files.items()
+    })
+
+
+def _reader_accepts_bad_bytes(builder: str, encoding: str) -> bool:
+    # For UTF-8 the JSON builder hands the raw bytes to pyarrow, which stores invalid UTF-8 in the Arrow
+    # column without complaint: the bad row would fail only when read, long after caching. Other
+    # encodings it decodes in Python first, which fails on the spot like the text and csv builders.
+    return builder == "json" and codecs.lookup(encoding).name == "utf-8"
+
+
+def load_local_files(files: dict[str, str | list[str]], encoding: str, *, label: str, text_columns: Iterable[str | None] = ()) -> DatasetDict:
+    """``datasets``' builder for the files' format, decoding text in ``encoding``; a bad byte names
+    ``label + split``, the file, line and byte. csv/tsv ``text_columns`` are read as written."""
+    builder, options = builder_for_files(files)
+    if builder == "csv":
+        # pandas reads a cell "None", "NA", "null" or "nan" as missing and a column of numbers as
+        # numbers: the intent label "None" (common in intent data) became an empty cell, the text "NA"
+        # a missing one, and the text "007" the number 7 (and a text column typed per 10,000-row chunk:
+        # numbers in one, strings in the next). Only an empty cell is missing; text stays text.
+        options.update(keep_default_na=False, na_values=[""], converters={column: str for column in text_columns if column})
+    if builder != "parquet":
+        # utf-8-sig reads utf-8 alike and drops a leading byte-order mark (Windows editors write one): the
+        # text reader kept it in a file's first example ("\ufeffgood film"), another input for byte-level
+        # BPE. The json and csv readers drop it themselves.
+        utf8 = codecs.lookup(encoding).name == "utf-8"
+        options["encoding"] = "utf-8-sig" if builder == "text" and utf8 else encoding
+    data_files = {split: as_list(paths) for split, paths in files.items()}
+    paths_by_label = {label + split: paths for split, paths in data_files.items()}
+    if options.get("delimiter") == "\t":
+        options["quoting"] = _tsv_quoting(paths_by_label, encoding)
+    if builder == "csv":
+        _check_unique_header(paths_by_label, encoding, options.get("delimiter", ","), options.get("quoting", csv.QUOTE_MINIMAL))
+    try:
+        with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
+            return datasets.load_dataset(builder, data_files=data_files, **options)
+    except UserError:
+        raise
+    except Exception as error:  # whatever the builder raised: find the file (and line) that caused it
+        raise _blame_file(error, builder, options, paths_by_label, encoding) from error
+
+
+def _tsv_quoting(paths_by_label: dict[str, list[str]], encoding: str) -> int:
+    """How to read tab-separated files: with csv quoting when they were written with it, else without.
+
+    Both kinds are common. Plain TSV (GLUE, Tatoeba, most corpora) has no quoting: a sentence opening
+    with a quote (``"Hello" he said``) is text, and reading it as csv silently drops those quotes or
+    runs the field on to a later closing quote. Writers with csv quoting (pandas, R, Python's csv) wrap
+    a field holding a quote in quotes and double the inner ones, which a plain read would keep. A file
+    whose quoted fields all parse as csv quoting is read with it; any other is plain.
+    """
+    quoted, plain = [], []
+    for label, paths in paths_by_label.items():
+        for path in paths:
+            kind = _tsv_kind(Path(path), encoding)
+            if kind is not None:
+                (quoted if kind == "quoted" else plain).append(f"{label}: {path}")
+    if quoted and plain:
+        raise DataError(
+            f"the tsv files quote differently: {'; '.join(quoted)} wrap(s) fields in quotes as csv does, "
+            f"{'; '.join(plain)} hold(s) unquoted text with quotes in it; write them all one way"
+        )
+    return csv.QUOTE_NONE if plain else csv.QUOTE_MINIMAL
+
+
+def _check_unique_header(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str, quoting: int) -> None:
+    """A csv/tsv header naming a column twice is a DataError naming the file and column.
+
+    pandas renames the second ``text`` to ``text.1`` without a word, so the first one was read as the
+    text (or the labels) whichever the user meant.
+    """
+    for label, paths in paths_by_label.items():
+        for path in paths:
+            try:
+                with open(path, encoding="utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding, newline="") as handle:
+                    header = next(csv.reader(handle, delimiter=delimiter, quoting=quoting), [])
+            except (OSError, UnicodeError, csv.Error):
+                continue  # the read itself names the file (and the byte)
+            seen: dict[str, int] = {}
+            for number, name in enumerate(header, start=1):
+                if name.strip() and name in seen:
+                    raise DataError(
+                        f"{label}: {path}: the header names column {name!r} twice (columns {seen[name]} and {number}); "
+                        "give each column its own name"
+                    )
+                seen.setdefault(name, number)
+
+
+def _tsv_kind(path: Path, encoding: str) -> str | None:
+    """``quoted`` (a field opens with a quote and the file parses as csv quoting), ``plain`` (it does
+    not parse so) or None (no field opens with a quote, so both reads agree; or the read will fail)."""
+    opens_with_quote = False
+
+    def lines(handle):
+        nonlocal opens_with_quote
+        for line in handle:
+            opens_with_quote = opens_with_quote or line.startswith('"') or '\t"' in line
+            yield line
+
+    try:
+        with open(path, encoding=encoding, newline="") as handle:
+            for _ in csv.reader(lines(handle), delimiter="\t", strict=True):
+                pass
+    except csv.Error:
+        return "plain"
+    except (OSError, UnicodeError):
+        return None  # the read itself names the file (and the byte)
+    return "quoted" if opens_with_quote else None
+
+
+def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: dict[str, list[str]], encoding: str) -> DataError:
+    """A DataError naming the file (and line) that made a multi-file load fail.
+
+    Runs only after a failure. Each file is checked on its own: first for the common shapes of bad
+    input (empty, header only, a line that is not JSON), then by loading it alone, which catches
+    whatever else the reader rejects (a ragged csv row, ...). When every file loads alone, the
+    files disagree with each other, which ``datasets`` reports without naming them: their columns
+    are listed side by side.
+    """
+    features: dict[str, datasets.Features] = {}
+    for label, paths in paths_by_label.items():
+        for path in paths:
+            problem = _file_shape_problem(Path(path), builder, encoding, where=f"{label}: {path}")
+            if problem:
+                return DataError(problem)
+            try:
+                alone = datasets.load_dataset(builder, data_files={"alone": [path]}, **options)["alone"]
+            except Exception as alone_error:
+                return DataError(f"{label}: {path} cannot be read as {builder}: {describe(alone_error)}")
+            features[f"{label} ({path})"] = alone.features
+    if len({tuple(sorted(found)) for found in features.values()}) > 1:
+        listed = "; ".join(f"{where}: {list(found)}" for where, found in features.items())
+        return DataError(f"the data files have different columns; every file needs the same ones: {listed}")
+    for column in next(iter(features.values()), {}):
+        kinds = {where: _kind(found[column]) for where, found in features.items()}
+        if len(set(kinds.values())) > 1:
+            listed = "; ".join(f"{kind} in {where}" for where, kind in kinds.items())
+            return DataError(f"column {column!r} holds different types in different files: {listed}")
+    return DataError(f"{', '.join(paths_by_label)}: the files cannot be read as {builder}: {describe(error)}")
+
+
+def _kind(feature) -> str:
+    return feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
+
+
+def _file_shape_problem(path: Path, builder: str, encoding: str, *, where: str) -> str | None:
+    """``WHERE is empty``, ``WHERE, line N: ...`` and the like for a file the reader will reject; else None."""
+    if builder == "parquet":
+        return None
+    try:
+        text = path.read_text(encoding=encoding)
+    except (OSError, UnicodeError):
+        return None  # loading the file alone reports it
+    if not text.strip():
+        return f"{where} is empty (no examples)"
+    if builder == "csv" and sum(1 for line in text.splitlines() if line.strip()) < 2:
+        return f"{where} holds a header but no rows"
+    if builder == "json":
+        try:
+            json.loads(text)
+            return None  # one JSON document: the reader's own message will say what it dislikes
+        except json.JSONDecodeError:
+            pass
+        try:
+            for _ in json_records(text, where):
+                pass
+        except DataError as error:
+            return str(error)
+    return None
+
+
+def read_inputs(path: str | Path, *, encoding: str = "utf-8", text_columns: Iterable[str | None] = ()) -> Dataset:
+    """Inputs for ``bertpipe predict``: jsonl/json, csv/tsv, parquet, or txt (one ``text`` per line).
+
+    Text formats are decoded with ``encoding`` (the run's ``data.encoding``, which a ``predict``
+    override such as ``data.encoding=latin-1`` changes); csv/tsv ``text_columns`` are read as written.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"input file {path} {_not_a_file(path)}")
+    loaded = load_local_files({"input": str(path)}, encoding, label="", text_columns=text_columns)["input"]
+    if len(loaded) == 0:
+        raise DataError(f"input file {path} holds no examples")
+    return loaded
+
+
+def skip_blank_lines(inputs: Dataset, path: str | Path) -> Dataset:
+    """A txt input without its blank lines, saying on stderr how many were skipped and where.
+
+    In a txt input each line is one example; a blank line (a paragraph break, the end of a file) is
+    not one, so tasks that predict one thing per example give it no prediction rather than a
+    prediction for "". (NER keeps them: a blank line is a line with no entities.)
+    """
+    if builder_for_files({"input": str(path)})[0] != "text":
+        return inputs
+    blank = [index for index, text in enumerate(inputs["text"]) if not text.strip()]
+    if not blank:
+        return inputs
+    logger.warning(
+        "%s: skipped %d blank line(s) (line %s%s); the output has one row per non-blank line",
+        path, len(blank), ", ".join(str(index + 1) for index in blank[:5]), " ..." if len(blank) > 5 else "",
+    )
+    if len(blank) == len(inputs):
+        raise DataError(f"input file {path} holds no examples (every line is blank)")
+    drop = set(blank)
+    return inputs.select([index for index in range(len(inputs)) if index not in drop])
