@@ -150,6 +150,10 @@ def build_model_card(
         hyperparameters += "\n" + "\n".join(
             f"- peft.{key}: {value}" for key, value in config.model.peft.model_dump().items() if value is not None
         )
+    # The task's own settings decide what its outputs mean (a multi-label threshold, QA's max_answer_length).
+    hyperparameters += "".join(
+        f"\n- {config.task}.{key}: {value}" for key, value in config.task_options.model_dump().items() if value not in (None, [], {})
+    )
     metric_rows = "\n".join(
         f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |" for key, value in metrics.items()
     )

@@ -77,6 +77,12 @@ class ClassificationTask(TaskBase):
         if config.data.text_pair_column:
             self.card_pipeline_input = self.card_pair_pipeline_input
 
+    def _set_problem_type(self, problem_type: str) -> None:
+        self.problem_type = problem_type
+        if problem_type == "multi_label" and not self.card_pipeline_input.endswith("top_k=None"):
+            # pipeline()'s default top_k=1 shows one label of a multi-label model; predict scores each label.
+            self.card_pipeline_input += ", top_k=None"
+
     # ----- columns and labels -------------------------------------------------------------
     @property
     def text_column(self) -> str:
@@ -186,7 +192,7 @@ class ClassificationTask(TaskBase):
         # A finished run's head (build_model(model_path=...) runs first) fixes the problem type; inferred
         # from an eval file instead, labels 0/1 written as 0.0/1.0 would score a classifier as a regression.
         if include_train or self.problem_type is None:
-            self.problem_type = self._infer_problem_type(reference)
+            self._set_problem_type(self._infer_problem_type(reference))
         if include_train and self.problem_type != "regression":
             self.label_names = self._infer_label_names(reference)
         return raw
@@ -205,7 +211,7 @@ class ClassificationTask(TaskBase):
     def build_model(self, raw, model_path: str | None = None):
         if model_path is not None:
             model = load_model(self.auto_model_class, self.config.model, model_path=model_path)
-            self.problem_type = {v: k for k, v in _HF_PROBLEM_TYPE.items()}.get(model.config.problem_type, "single_label")
+            self._set_problem_type({v: k for k, v in _HF_PROBLEM_TYPE.items()}.get(model.config.problem_type, "single_label"))
             self.label_names = None if self.problem_type == "regression" else [model.config.id2label[i] for i in range(model.config.num_labels)]
             return model
         if self.problem_type == "regression":

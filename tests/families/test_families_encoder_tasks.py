@@ -69,6 +69,33 @@ def test_families_pair_classification_predict_pipeline_and_the_cards_call_agree(
     assert {s["label"] for s in eval(f"classifier({card_call})", {"classifier": classifier})} == {"positive", "negative"}
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "modernbert"])
+def test_families_multi_label_predict_pipeline_and_the_cards_call_agree(family, family_checkpoint, tmp_path):
+    """Multi-label heads (sigmoid per label): predict's per-label scores are what pipeline() gives with
+    top_k=None, its labels are those at or above classification.multi_label_threshold, and the model card's
+    call returns every label's score (pipeline()'s default top_k=1 gives one label of a multi-label model)."""
+    import re
+
+    def tagged(count, seed):
+        return [{"text": row["text"], "label": [row["label"], *(["film"] if "film" in row["text"] else [])]}
+                for row in sentiment_rows(count, seed)]
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", tagged(48, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", tagged(16, 2))}
+    run = train(tmp_path, "classification", family_checkpoint(family), files, train="  max_steps: 6",
+                section="classification: {multi_label_threshold: 0.4}")
+    texts = [row["text"] for row in sentiment_rows(6, 3)]
+    predicted = predict(run, [{"text": text} for text in texts], tmp_path)
+    classifier = pipeline("text-classification", model=str(run))
+    served = [{s["label"]: s["score"] for s in scores} for scores in classifier(texts, top_k=None)]
+    assert [row["scores"] for row in predicted] == [pytest.approx(scores, abs=1e-4) for scores in served]
+    assert [row["labels"] for row in predicted] == [[name for name in ("film", "negative", "positive") if row["scores"][name] >= 0.4]
+                                                   for row in predicted]
+    card_call = re.search(r"predictor\((.*)\)\)", (run / "README.md").read_text()).group(1)
+    assert {s["label"] for s in eval(f"classifier({card_call})", {"classifier": classifier})} == {"film", "negative", "positive"}
+    assert "- classification.multi_label_threshold: 0.4" in (run / "README.md").read_text()
+
+
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_families_pair_regression_predict_and_pipeline_give_the_same_raw_score(family, family_checkpoint, tmp_path):
     """STS-B-style similarity scores: pipeline() must apply no sigmoid to a regression head, and predict's score is the raw output."""
