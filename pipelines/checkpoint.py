@@ -9,6 +9,7 @@ Out: ``output_dir/checkpoints/step-00000123/`` folders. Each is written under a 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -29,6 +30,10 @@ CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.yaml"
 """The resolved config the checkpoint was trained under, compared with the config of a resume."""
+SOURCES_FILE = "sources.json"
+"""Digests of the contents of the local files and folders that config names (``_PATH_KEYS``): a resume
+whose paths differ only because the data or model moved (another mount point, a copy on another machine)
+compares contents instead of paths."""
 
 # Keys a resume may change: they decide what is logged, saved or reported and how fast, never what
 # is computed. Every other key (model, data, seed, batch size, accumulation, learning rate,
@@ -139,6 +144,7 @@ def save_checkpoint(
         if accelerator.is_main_process:
             if config is not None:
                 (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+                _write_json_atomically(partial / SOURCES_FILE, source_digests(config))
             _write_json_atomically(partial / STATE_FILE, asdict(state))
     except BaseException as error:  # a full disk, and Ctrl-C too: neither leaves half a checkpoint behind
         free = _free_space(root)
@@ -182,16 +188,76 @@ def _may_change(key: str) -> bool:
 _PATH_KEYS = ("data.files.", "data.path", "model.name_or_path", "model.tokenizer_name_or_path", "distill.teacher")
 
 
+def _is_path_key(key: str) -> bool:
+    return any(key == path_key or (path_key.endswith(".") and key.startswith(path_key)) for path_key in _PATH_KEYS)
+
+
 def _as_read_now(key: str, value: object) -> object:
-    if not any(key == path_key or (path_key.endswith(".") and key.startswith(path_key)) for path_key in _PATH_KEYS):
+    if not _is_path_key(key):
         return value
     if isinstance(value, list):
         return [absolute_if_local(item) if isinstance(item, str) else item for item in value]
     return absolute_if_local(value) if isinstance(value, str) else value
 
 
-def resume_differences(saved: dict, current: dict) -> list[str]:
-    """``key: checkpoint value -> current value`` for each trajectory key that differs."""
+def source_digests(config: dict) -> dict[str, str]:
+    """A digest of the contents of each local file or folder (or list of files) a path key of ``config`` names."""
+    digests = {}
+    for key, value in _flatten(config).items():
+        if _is_path_key(key) and (digest := _content_digest(key, value)) is not None:
+            digests[key] = digest
+    return digests
+
+
+def _content_digest(key: str, value: object) -> str | None:
+    """None when ``value`` is not (a list of) existing local paths, e.g. a Hub id, or cannot be read."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(item, str) and os.path.exists(item) for item in items):
+        return None
+    digest = hashlib.sha256()
+    try:
+        for item in items:
+            # A dataset folder is read with its subfolders (data/, one per split); a model folder is
+            # read at its top alone, and a run directory's checkpoints/ beneath it may hold gigabytes.
+            digest.update(_path_digest(Path(item), recursive=key == "data.path").encode() + b"\0")
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _path_digest(path: Path, *, recursive: bool) -> str:
+    if path.is_file():
+        return _file_digest(path)
+    digest = hashlib.sha256()
+    found = path.rglob("*") if recursive else path.iterdir()
+    for file in sorted(found, key=lambda found_path: found_path.relative_to(path).as_posix()):
+        relative = file.relative_to(path)
+        if file.is_file() and not any(part.startswith(".") for part in relative.parts):  # .git, .cache: not the content
+            digest.update(f"{relative.as_posix()}\0{_file_digest(file)}\0".encode())
+    return digest.hexdigest()
+
+
+_FILE_DIGESTS: dict[tuple, str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file, read once per process while its size and modification time stay the same: every
+    checkpoint of a run records the digests, and a multi-GB file must not be read again at each save."""
+    status = path.stat()
+    identity = (str(path.resolve()), status.st_size, status.st_mtime_ns)
+    if identity not in _FILE_DIGESTS:
+        with path.open("rb") as file:
+            _FILE_DIGESTS[identity] = hashlib.file_digest(file, "sha256").hexdigest()
+    return _FILE_DIGESTS[identity]
+
+
+def resume_differences(saved: dict, current: dict, *, sources: dict[str, str] | None = None) -> list[str]:
+    """``key: checkpoint value -> current value`` for each trajectory key that differs.
+
+    ``sources`` (the checkpoint's :data:`SOURCES_FILE`) holds the digests of the contents its paths named: a
+    path key whose value names other files with the same contents is not a difference.
+    """
+    sources = sources or {}
     old, new = {key: _as_read_now(key, value) for key, value in _flatten(saved).items()}, _flatten(current)
     tracks_best = bool(old.get("train.metric_for_best_model") or new.get("train.metric_for_best_model"))
     missing = object()
@@ -200,9 +266,16 @@ def resume_differences(saved: dict, current: dict) -> list[str]:
         if _may_change(key) and not (tracks_best and key in BEST_MODEL_CADENCE):
             continue
         before, after = old.get(key, missing), new.get(key, missing)
-        if before != after:
-            shown = lambda value: "(unset)" if value is missing else repr(value)  # noqa: E731
-            lines.append(f"{key}: {shown(before)} in the checkpoint, {shown(after)} now")
+        if before == after:
+            continue
+        contents = None
+        if key in sources and after is not missing:
+            contents = _content_digest(key, after)
+            if contents == sources[key]:
+                continue  # the same contents, moved
+        shown = lambda value: "(unset)" if value is missing else repr(value)  # noqa: E731
+        other = ", with other contents" if contents is not None else ""
+        lines.append(f"{key}: {shown(before)} in the checkpoint, {shown(after)} now{other}")
     return lines
 
 
@@ -221,14 +294,21 @@ def check_resume_config(folder: Path, current: dict) -> None:
         saved = yaml.safe_load(source.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise CheckpointError(f"checkpoint {folder}: its config {source} cannot be read: {error}") from error
-    differences = resume_differences(saved or {}, current)
+    sources = {}
+    if source == folder / CONFIG_FILE and (folder / SOURCES_FILE).is_file():  # checkpoints from before it: paths compared
+        try:
+            sources = json.loads((folder / SOURCES_FILE).read_text())
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"checkpoint {folder} cannot be loaded: {folder / SOURCES_FILE}: {describe(error)}") from error
+    differences = resume_differences(saved or {}, current, sources=sources if isinstance(sources, dict) else {})
     if differences:
         raise CheckpointError(
             f"train.resume_from_checkpoint={folder} was trained with other settings ({source}):\n  "
             + "\n  ".join(differences)
             + "\nResume with the checkpoint's values, or start a new run (another output_dir, or overwrite=true). "
             "Only logging/eval/save cadence (eval cadence not with train.metric_for_best_model), trackers, "
-            "save_total_limit, hub settings and speed settings may change on a resume."
+            "save_total_limit, hub settings and speed settings may change on a resume; data and model paths "
+            "too, where they name the same contents as before."
         )
 
 

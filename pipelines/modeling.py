@@ -175,25 +175,45 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
         # The run's label names, as for a full checkpoint: the merged config still holds the adapter run's.
         for key, value in label_maps.items():
             setattr(merged.config, key, value)
-        if wanted is not None:
+        adapter_head = _ADAPTER_HEADS.get(json.loads((Path(location) / ADAPTER_CONFIG_FILE).read_text()).get("task_type"))
+        if adapter_head is not None and _head_kind(auto_class.__name__) not in (None, adapter_head):
+            # A head of another kind (a sentence classifier's rows in a token classifier): as for a full checkpoint.
+            logger.warning("%s has a %s head, whose weights score something else; a new %s head is initialised",
+                           source, adapter_head, _head_kind(auto_class.__name__))
+            merged.bertpipe_initialized_keys = _new_head(merged)
+        elif wanted is not None:
             merged.bertpipe_initialized_keys = _match_head_to_labels(merged, run_labels, source)
         return merged
     config = AutoConfig.from_pretrained(location, revision=model.revision)
     checkpoint_labels = _label_list(config.id2label)
-    mismatched_head = _head_labels_differ(config, label_maps)
+    other_head = _other_head_kind(config, auto_class)
+    if other_head is not None and "id2label" not in label_maps:
+        # The old head's labels say nothing about a head of another kind: a task that names none (QA) gets
+        # a fresh config's two outputs, not e.g. an MNLI head's three, which its start/end split cannot take.
+        fresh = PretrainedConfig()
+        label_maps = {**label_maps, "id2label": fresh.id2label, "label2id": fresh.label2id}
+    mismatched_head = other_head is None and _head_labels_differ(config, label_maps)
     for key, value in {**label_maps, **extra}.items():
         setattr(config, key, value)
     apply_dropout(config, model.dropout)
-    if mismatched_head:
+    if other_head is not None:
+        logger.warning(
+            "%s has a %s head, whose weights score something else; a new %s head is initialised",
+            source, other_head, _head_kind(auto_class.__name__),
+        )
+    elif mismatched_head:
         logger.warning(
             "%s has a head trained for labels %s; a new head is initialised for labels %s",
             source, checkpoint_labels, list(label_maps["id2label"].values()),
         )
     loaded, loading_info = auto_class.from_pretrained(
-        location, config=config, revision=model.revision, ignore_mismatched_sizes=mismatched_head, output_loading_info=True
+        location, config=config, revision=model.revision, ignore_mismatched_sizes=mismatched_head or other_head is not None,
+        output_loading_info=True,
     )
     initialized = []
-    if "id2label" in label_maps and _has_head(config) and not mismatched_head:
+    if other_head is not None:
+        initialized = _new_head(loaded)
+    elif "id2label" in label_maps and _has_head(config) and not mismatched_head:
         initialized = _match_head_to_labels(loaded, checkpoint_labels, source)
     # Weights the checkpoint lacked (a new head, or e.g. a pooler an MLM checkpoint never had) are
     # random: peft must train and save them, or an adapter would not reload to the same model.
@@ -241,6 +261,50 @@ def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) ->
                 f"(max_position_embeddings in {getattr(config, '_name_or_path', '') or 'its'} config); "
                 f"set {setting} to at most {usable}"
             )
+
+
+_TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
+
+
+_ADAPTER_HEADS = {"SEQ_CLS": "ForSequenceClassification", "TOKEN_CLS": "ForTokenClassification", "QUESTION_ANS": "ForQuestionAnswering"}
+"""The head kind of an adapter run, by the peft task type its adapter_config.json records."""
+
+
+def _head_kind(class_name: str) -> str | None:
+    """``ForTokenClassification`` of ``BertForTokenClassification`` or ``AutoModelForTokenClassification``."""
+    return next((kind for kind in _TASK_HEADS if class_name.endswith(kind)), None)
+
+
+def _other_head_kind(config: PretrainedConfig, auto_class: Any) -> str | None:
+    """The checkpoint's task head kind when ``auto_class`` builds a head of another kind, else None.
+
+    Heads of different kinds often share module names and shapes (BERT, ALBERT, DistilBERT, DeBERTa:
+    ``classifier``; ModernBERT: ``head`` + ``classifier``, QA's too): a sentence classifier's weights
+    loaded silently into a token classifier with as many labels, scoring tokens with rows trained on
+    pooled sentences.
+    """
+    wanted = _head_kind(getattr(auto_class, "__name__", ""))
+    found = [kind for name in getattr(config, "architectures", None) or [] if (kind := _head_kind(name)) is not None]
+    return found[0] if wanted is not None and found and wanted not in found else None
+
+
+def _new_head(model: PreTrainedModel) -> list[str]:
+    """Re-initialise every module outside the base model (weights it shares with the base excepted);
+    returns their parameter names."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    shared = {id(parameter) for parameter in base.parameters()} if isinstance(base, torch.nn.Module) and base is not model else set()
+    keys: list[str] = []
+    for name, child in model.named_children():
+        parameters = list(child.named_parameters())
+        if child is base or not parameters or any(id(parameter) in shared for _, parameter in parameters):
+            continue
+        for module in child.modules():
+            # transformers' initialisers skip parameters marked as loaded from the checkpoint.
+            for parameter in module.parameters(recurse=False):
+                parameter._is_hf_initialized = False
+            model._init_weights(module)
+        keys += [f"{name}.{key}" for key, _ in parameters]
+    return keys
 
 
 def _has_head(config: PretrainedConfig) -> bool:

@@ -303,3 +303,54 @@ def test_cli_resume_on_training_data_edited_since_the_checkpoint_is_refused_befo
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"checkpoint {run_dir / 'checkpoints' / 'step-00000004'} was trained on other training data than this run has" in result.stderr
     assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+
+def test_cli_resume_of_a_run_moved_with_its_data_and_model_matches_uninterrupted_and_refuses_edited_copies(
+    tmp_path, tiny_bert, sentiment_files, monkeypatch,
+):
+    """A job rescheduled where the shared filesystem mounts elsewhere (or a run directory copied to another machine
+    with its data and model) was refused for "data.files.train: '/old/..' in the checkpoint, '/new/..' now"."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    keys = dict(max_steps=8, save_steps=4, eval_steps=None, logging_steps=2, mixed_precision="no", torch_num_threads=1)
+
+    def copy_of_sources(folder):
+        folder.mkdir()
+        data = {split: Path(shutil.copy(path, folder / path.name)) for split, path in sentiment_files.items()}
+        return shutil.copytree(tiny_bert, folder / "model"), data
+
+    reference = train_in_process(classification_config(tmp_path, tiny_bert, sentiment_files, run_name="reference", **keys),
+                                 monkeypatch=monkeypatch)
+    old_mount, new_mount = tmp_path / "old-mount", tmp_path / "new-mount"
+    model, data = copy_of_sources(old_mount)
+    with pytest.raises(Interrupted):
+        train_in_process(classification_config(old_mount, model, data, run_name="run", **keys),
+                         crash_when=lambda folder, state: state.global_step == 4, monkeypatch=monkeypatch)
+    new_mount.mkdir()
+    shutil.copytree(old_mount, new_mount, dirs_exist_ok=True)
+    shutil.rmtree(old_mount)
+    moved = classification_config(new_mount, new_mount / "model", {split: new_mount / path.name for split, path in data.items()},
+                                  run_name="run", **keys)
+    run_dir = new_mount / "run"
+
+    # The same file names, but the eval file was edited: the features digest (training data only) cannot see it.
+    validation = new_mount / "validation.jsonl"
+    original = validation.read_text()
+    validation.write_text(original.replace('"positive"', '"negative"', 1))
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    result = run_cli("train", str(moved), "train.resume_from_checkpoint=latest", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (f"data.files.validation: {str(old_mount / 'validation.jsonl')!r} in the checkpoint, {str(validation)!r} now, "
+            "with other contents") in result.stderr
+    assert "data.files.train" not in result.stderr and "model.name_or_path" not in result.stderr
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+    validation.write_text(original)
+    resumed = train_in_process(moved, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+    for key in ("eval_accuracy", "eval_f1_macro", "global_step", "train_loss", "train_samples"):
+        assert resumed[key] == pytest.approx(reference[key], rel=1e-6), key
+    expected = load_file(tmp_path / "reference" / "model.safetensors")
+    for name, tensor in load_file(run_dir / "model.safetensors").items():
+        assert (tensor - expected[name]).abs().max().item() <= 1e-6, name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -79,6 +80,41 @@ def test_checkpoint_resume_config_check_reads_the_checkpoint_then_its_run(tmp_pa
         check_resume_config(checkpoint, changed(seed=5))
     (checkpoint / "config.yaml").write_text(yaml.safe_dump(changed(seed=5)))
     check_resume_config(checkpoint, changed(seed=5))
+
+
+def test_checkpoint_resume_from_another_mount_point_compares_contents_of_the_model_folder_and_files(tmp_path):
+    # A run moved with its model and data (another mount point, another machine) was refused for the new paths.
+    import shutil
+
+    import yaml
+
+    from pipelines.checkpoint import SOURCES_FILE, source_digests
+
+    def sources_at(root):
+        (root / "model").mkdir(parents=True)
+        (root / "model" / "config.json").write_text('{"hidden_size": 32}')
+        (root / "model" / "model.safetensors").write_bytes(b"weights")
+        (root / "t.jsonl").write_text('{"text": "a"}\n')
+        (root / "v.jsonl").write_text('{"text": "b"}\n')
+        return changed(model={**SAVED["model"], "name_or_path": str(root / "model")},
+                       data={**SAVED["data"], "files": {"train": str(root / "t.jsonl"), "validation": [str(root / "v.jsonl")]}})
+
+    saved = sources_at(tmp_path / "old")
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(saved))
+    (checkpoint / SOURCES_FILE).write_text(json.dumps(source_digests(saved)))
+    shutil.rmtree(tmp_path / "old")
+    moved = sources_at(tmp_path / "new")
+    (tmp_path / "new" / "model" / ".git").mkdir()  # not the model's contents
+    check_resume_config(checkpoint, moved)
+
+    (tmp_path / "new" / "model" / "model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(CheckpointError) as refused:
+        check_resume_config(checkpoint, moved)
+    assert re.findall(r"\n  (\S+): ", str(refused.value)) == ["model.name_or_path"]
+    assert (f"model.name_or_path: {str(tmp_path / 'old' / 'model')!r} in the checkpoint, {str(tmp_path / 'new' / 'model')!r} now, "
+            "with other contents") in str(refused.value)
 
 
 def test_checkpoint_resume_may_not_change_eval_steps_that_pick_the_best_model():

@@ -113,3 +113,52 @@ def test_modeling_head_from_an_adapter_run_with_the_labels_in_another_order_scor
     assert loaded.config.id2label == dict(enumerate(run_labels))
     by_run_order = [checkpoint_labels.index(name) for name in run_labels]
     torch.testing.assert_close(logits_of(loaded), expected[..., by_run_order], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "modernbert"])  # heads of both kinds share module names and shapes
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_modeling_head_of_another_kind_with_the_same_labels_is_new_and_says_so(family, head, tmp_path, caplog):
+    """A sentence classifier's rows loaded silently into a token classifier with as many labels (and vice versa)."""
+    auto_class, labels, _ = HEADS[head]
+    other_class = HEADS["token" if head == "sequence" else "sequence"][0]
+    checkpoint = save_checkpoint(tmp_path / "checkpoint", family, other_class, labels)
+    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+        loaded = load_model(auto_class, ModelConfig(name_or_path=str(tmp_path / "checkpoint")), label_maps=label_maps(labels))
+    old = dict(checkpoint.named_parameters())
+    base = loaded.base_model_prefix + "."
+    head_parameters = {name: parameter for name, parameter in loaded.named_parameters() if not name.startswith(base)}
+    kept = [name for name, parameter in head_parameters.items()
+            if name in old and old[name].shape == parameter.shape and torch.equal(old[name], parameter) and parameter.std() > 0]
+    assert head_parameters and not kept
+    assert set(head_parameters) <= set(loaded.bertpipe_initialized_keys)
+    assert all(torch.equal(parameter, old[name]) for name, parameter in loaded.named_parameters() if name.startswith(base) and name in old)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING and record.name == "pipelines.modeling"]
+    assert len(warnings) == 1 and other_class.__name__.removeprefix("AutoModel") in warnings[0], warnings
+
+
+def test_modeling_question_answering_from_a_classifier_of_three_labels_has_a_start_and_an_end_output(tmp_path):
+    """QA names no labels: the MNLI head's three became three qa_outputs, and the start/end split failed mid-training."""
+    from transformers import AutoModelForQuestionAnswering
+
+    save_checkpoint(tmp_path / "checkpoint", "bert", AutoModelForSequenceClassification, ["entailment", "neutral", "contradiction"])
+    loaded = load_model(AutoModelForQuestionAnswering, ModelConfig(name_or_path=str(tmp_path / "checkpoint")))
+    input_ids = torch.randint(4, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    outputs = loaded.eval()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+    assert loaded.qa_outputs.out_features == 2 and outputs.start_logits.shape == outputs.end_logits.shape == (2, 9)
+
+
+def test_modeling_head_of_another_kind_from_an_adapter_run_is_new(tmp_path):
+    labels = HEADS["token"][1]
+    save_checkpoint(tmp_path / "base", "bert", AutoModelForMaskedLM, None)
+    peft = PeftConfig(r=4, alpha=8, dropout=0.0)
+    model = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tmp_path / "base"), peft=peft),
+                       label_maps=label_maps(labels))
+    adapted = apply_peft(model, peft, "SEQ_CLS", base_model_name_or_path=str(tmp_path / "base"))
+    with torch.no_grad():  # a trained head
+        adapted.base_model.model.classifier.modules_to_save["default"].weight.normal_(std=0.5)
+    trained = adapted.base_model.model.classifier.modules_to_save["default"].weight.detach().clone()
+    save_adapter_run(adapted, tmp_path / "adapter-run")
+    loaded = load_model(AutoModelForTokenClassification, ModelConfig(name_or_path=str(tmp_path / "adapter-run")),
+                        label_maps=label_maps(labels))
+    assert not torch.equal(loaded.classifier.weight, trained) and float(loaded.classifier.weight.std()) < 0.1
+    assert {"classifier.weight", "classifier.bias"} <= set(loaded.bertpipe_initialized_keys)
