@@ -8,8 +8,10 @@ Out: an ``evaluate.EvaluationModule`` loaded by local path from this folder when
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import evaluate
+if TYPE_CHECKING:
+    import evaluate
 
 METRICS_DIR = Path(__file__).parent
 
@@ -19,6 +21,8 @@ def local_metric_names() -> list[str]:
 
 
 def load_metric(name: str, **kwargs) -> evaluate.EvaluationModule:
+    import evaluate  # on first use: a second of imports that predict, export and a refused command never need
+
     local = METRICS_DIR / name
     if (local / f"{name}.py").is_file():
         return evaluate.load(str(local), **kwargs)
