@@ -46,10 +46,13 @@ _HEAD_NAMES = [
     ("classifier.", "classifier."),
     ("qa_outputs.", "qa_outputs."),
 ]
-# Tensors that are not weights of either model (buffers, tied copies, the NSP head).
-_SKIP_HF = re.compile(
-    r"(position_ids|embeddings\.token_type_ids|cls\.predictions\.decoder\.(weight|bias)|cls\.seq_relationship\.)"
-)
+# Tensors that are not weights of either model (buffers, the NSP head).
+_SKIP_HF = re.compile(r"(position_ids|embeddings\.token_type_ids|cls\.seq_relationship\.)")
+# The vocabulary projection. Tied (the default), its weight is the token embedding matrix and its bias is
+# cls.predictions.bias, so only those are stored here. With tie_word_embeddings=false transformers unties both:
+# decoder.weight and decoder.bias are what BertForMaskedLM computes with, and cls.predictions.bias goes unused.
+_TIED_DECODER_HF = re.compile(r"^cls\.predictions\.decoder\.(weight|bias)$")
+_UNTIED_DECODER_NAMES = [("cls.predictions.decoder.", "mlm_head.decoder.")]
 
 _ARCHITECTURES = {
     "BertModel": "BertpipeModel",
@@ -144,17 +147,18 @@ def _bert_to_ours(state, config_dict):
     for key in ("is_decoder", "add_cross_attention"):
         if config_dict.get(key):
             raise ValueError(f"{key}=true has no bertpipe counterpart; only bidirectional encoders convert")
-    if "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
+    tied = config_dict.get("tie_word_embeddings", True)
+    if tied and "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
         # Some exports keep the output bias only under its tied alias.
         state = {**state, "cls.predictions.bias": state["cls.predictions.decoder.bias"]}
     converted = {}
     for name, tensor in state.items():
-        if _SKIP_HF.search(name):
+        if _SKIP_HF.search(name) or (_TIED_DECODER_HF.match(name) if tied else name == "cls.predictions.bias"):
             continue
         prefix, rest = _split_prefix(name)
         new = _translate(rest, _ENCODER_NAMES)
         if new is None:
-            new = _translate(name, _HEAD_NAMES)
+            new = _translate(name, _HEAD_NAMES if tied else _UNTIED_DECODER_NAMES + _HEAD_NAMES)
             prefix = ""
         if new is None:
             raise KeyError(f"no bertpipe counterpart for tensor {name!r}")
@@ -182,18 +186,22 @@ def _ours_to_bert(state, config_dict):
     ):
         if config_dict.get(key, required) != required:
             raise ValueError(f"transformers BERT needs {key}={required!r}; this checkpoint has {config_dict[key]!r}")
+    tied = config_dict.get("tie_word_embeddings", True)
     converted = {}
     for name, tensor in state.items():
-        if name == "mlm_head.decoder.weight":  # tied to the token embeddings; transformers re-ties it
+        if tied and name == "mlm_head.decoder.weight":  # the token embeddings; transformers re-ties it
             continue
         prefix, rest = _split_prefix(name)
         new = _translate(rest, _ENCODER_NAMES, reverse=True)
         if new is None:
-            new = _translate(name, _HEAD_NAMES, reverse=True)
+            new = _translate(name, _HEAD_NAMES if tied else _UNTIED_DECODER_NAMES + _HEAD_NAMES, reverse=True)
             prefix = ""
         if new is None:
             raise KeyError(f"no transformers BERT counterpart for tensor {name!r}")
         converted[prefix + new] = tensor
+        if new == "cls.predictions.decoder.bias":
+            # Untied, BertForMaskedLM still has the (unused) cls.predictions.bias; give it the same values.
+            converted["cls.predictions.bias"] = tensor
     kwargs = {key: config_dict[key] for key in _BERT_FIELDS if key in config_dict}
     config = BertConfig(**kwargs)
     architecture = (config_dict.get("architectures") or ["BertpipeModel"])[0]

@@ -159,3 +159,29 @@ def test_convert_pretraining_checkpoint_drops_the_unused_pooler(tmp_path, batch)
     ours = AutoModelForMaskedLM.from_pretrained(tmp_path / "ours").eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(**batch).logits, reference(**batch).prediction_logits, atol=1e-6, rtol=1e-6)
+
+
+def test_convert_untied_masked_lm_keeps_its_own_decoder_both_ways(tmp_path, batch):
+    # With tie_word_embeddings=false the vocabulary projection (weight and bias: transformers unties both)
+    # is a matrix of its own, not a copy of the input embeddings.
+    torch.manual_seed(0)
+    config = tiny_hf_config()
+    config.tie_word_embeddings = False
+    reference = BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        reference.cls.predictions.decoder.weight.normal_()
+        reference.cls.predictions.decoder.bias.normal_()
+    assert reference.cls.predictions.decoder.weight is not reference.bert.embeddings.word_embeddings.weight
+    reference.save_pretrained(tmp_path / "hf")
+
+    convert_bert(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    ours = AutoModelForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+    assert ours.mlm_head.decoder.weight is not ours.bert.embeddings.token_embeddings.weight
+    with torch.no_grad():
+        expected = reference(**batch).logits
+        torch.testing.assert_close(ours(**batch).logits, expected, atol=1e-6, rtol=1e-6)
+
+    convert_bert(str(tmp_path / "ours"), str(tmp_path / "back"), reverse=True)
+    back = BertForMaskedLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(**batch).logits, expected, atol=0, rtol=0)
