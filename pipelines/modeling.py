@@ -470,7 +470,8 @@ def default_modules_to_save(model: torch.nn.Module) -> list[str]:
     ``EncoderDecoderModel`` returns ``crossattention``: when warm-started from two encoders its
     cross-attention is newly initialised, so it is trained in full. Pretrained seq2seq models
     (T5, BART, Marian) have no new head: nothing. Modules whose weights the checkpoint lacked
-    (recorded by :func:`load_model`, e.g. ``bert.pooler.dense`` under an MLM checkpoint) are added.
+    (recorded by :func:`load_model`, e.g. ``bert.pooler.dense`` under an MLM checkpoint) are added, and
+    so are norms that keep running statistics (BatchNorm).
     """
     if model.config.model_type == "encoder-decoder":
         has_cross_attention = any(name.endswith(".crossattention") for name, _ in model.named_modules())
@@ -509,6 +510,12 @@ def default_modules_to_save(model: torch.nn.Module) -> list[str]:
         if id(module) not in base_modules and any(id(parameter) in shared for parameter in module.parameters()):
             continue
         heads.append(module_name)
+    # Norms with running statistics (bertpipe's own BERT with norm: batch) change in training although the
+    # base is frozen, and an adapter holds only what it names: reloaded onto the base's old statistics,
+    # the run would predict otherwise than it evaluated.
+    for name, module in base.named_modules():
+        if isinstance(getattr(module, "running_mean", None), torch.Tensor):
+            heads.append(f"{model.base_model_prefix}.{name}")
     return heads
 
 

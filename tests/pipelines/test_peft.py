@@ -393,3 +393,27 @@ def test_modeling_bad_architecture_value_is_a_config_error_naming_the_key():
     bad = ModelConfig(model_type="bert", architecture={"hidden_size": 32, "num_attention_heads": 2, "layer_norm_eps": "abc"})
     with pytest.raises(ConfigError, match=r"model.architecture \(model.model_type=bert\): .*layer_norm_eps"):
         load_model(AutoModelForMaskedLM, bad)
+
+
+def test_modeling_lora_saves_the_running_statistics_of_batch_norm_layers(tmp_path):
+    """bertpipe's own BERT with ``norm: batch``: training updates its running mean and variance although
+    the base is frozen, and an adapter saved without them reloaded onto the base's old statistics, so
+    predict on the run scored other logits than the run's final evaluation (no error)."""
+    from models import BertpipeBertConfig, BertpipeForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertpipeBertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                                max_position_embeddings=32, norm="batch")
+    BertpipeForSequenceClassification(config).save_pretrained(tmp_path / "base")
+    model_config = ModelConfig(name_or_path=str(tmp_path / "base"), peft=PeftConfig(r=2, alpha=4, dropout=0.0))
+    model = load_model(AutoModelForSequenceClassification, model_config, label_maps=label_maps(3))
+    wrapped = apply_peft(model, model_config.peft, "SEQ_CLS", base_model_name_or_path=base_model_id(model_config))
+    batch = batch_for("seq-cls")
+    train_two_steps(wrapped, batch)
+    expected = outputs_of(wrapped, batch)
+
+    save_adapter_run(wrapped, tmp_path / "run")
+    reloaded = load_model(AutoModelForSequenceClassification, ModelConfig(), model_path=str(tmp_path / "run"))
+    torch.testing.assert_close(outputs_of(reloaded, batch), expected)
+    merged = AutoModelForSequenceClassification.from_pretrained(save_merged_model(reloaded, None, tmp_path / "merged"))
+    torch.testing.assert_close(outputs_of(merged, batch), expected, rtol=1e-4, atol=1e-5)
