@@ -86,6 +86,9 @@ _BERT_FIELDS = (
 )
 _POOLER = re.compile(r"^(bert\.)?pooler\.")
 _WEIGHT_FILES = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
+# The source's weights for other frameworks and runtimes (Hub BERT repos carry them): beside the converted
+# model they would be another model's weights, and stale once it is fine-tuned.
+_OTHER_FORMAT_WEIGHTS = re.compile(r"^(tf_model\.h5|flax_model\.msgpack|rust_model\.ot|model\.ckpt\..*|onnx|openvino|coreml)$")
 
 
 def _translate(name: str, table, reverse: bool = False) -> str | None:
@@ -118,7 +121,7 @@ def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 def _copy_side_files(src: Path, dst: Path) -> None:
     """Tokenizer and other non-weight files (README, sentence-transformers files) go along unchanged."""
     for path in src.iterdir():
-        if path.name in ("config.json", "generation_config.json") or _WEIGHT_FILES.match(path.name):
+        if path.name in ("config.json", "generation_config.json") or _WEIGHT_FILES.match(path.name) or _OTHER_FORMAT_WEIGHTS.match(path.name):
             continue
         target = dst / path.name
         if path.is_dir():

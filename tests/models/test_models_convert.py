@@ -185,3 +185,18 @@ def test_convert_untied_masked_lm_keeps_its_own_decoder_both_ways(tmp_path, batc
     back = BertForMaskedLM.from_pretrained(tmp_path / "back").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(**batch).logits, expected, atol=0, rtol=0)
+
+
+def test_convert_leaves_the_sources_weights_in_other_formats_behind(tmp_path):
+    """A Hub BERT repo (sentence-transformers/all-MiniLM-L6-v2, bert-base-uncased) also holds its weights for
+    TensorFlow, Flax, Rust, ONNX and OpenVINO: copied beside the converted model they would be the source's
+    weights under a bertpipe config, and stale once it is fine-tuned and converted back."""
+    torch.manual_seed(0)
+    BertModel(tiny_hf_config()).save_pretrained(tmp_path / "hf")
+    for name in ("tf_model.h5", "flax_model.msgpack", "rust_model.ot", "onnx/model.onnx", "openvino/openvino_model.bin",
+                 "modules.json", "1_Pooling/config.json"):
+        (tmp_path / "hf" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "hf" / name).write_text("x")
+    convert_bert(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    copied = sorted(path.relative_to(tmp_path / "ours").as_posix() for path in (tmp_path / "ours").rglob("*") if path.is_file())
+    assert copied == ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json"], copied
