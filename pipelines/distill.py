@@ -20,7 +20,8 @@ each word, where the labels are not -100), ``start_logits``/``end_logits`` over 
 each window (QA).
 
 Student: ``distill.init: teacher`` keeps the teacher's embeddings, head and an evenly spaced subset of its
-layers (every other one by default: DistilBERT's recipe); ``init: model`` trains whatever
+layers (every other one by default: DistilBERT's recipe; ALBERT, whose layers share their weights, runs its
+shared layer that many times); ``init: model`` trains whatever
 ``model.name_or_path`` / ``model.architecture`` gives, which must share the teacher's tokenizer.
 """
 
@@ -43,7 +44,7 @@ from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
 
-_LAYER_KEY = re.compile(r"^(.*\.layer\.)(\d+)(\..*)$")
+_LAYER_KEY = re.compile(r"^(.*\.layers?\.)(\d+)(\..*)$")  # BERT-likes: encoder.layer.<i>; ModernBERT: model.layers.<i>
 _MASKED_LOGIT = -1e4
 
 
@@ -98,10 +99,18 @@ def teacher_layer_choice(teacher_layers: int, num_layers: int | None = None, lay
 def shrink_to_layers(model: torch.nn.Module, keep: Sequence[int]) -> torch.nn.Module:
     """A copy of ``model`` with only the encoder layers ``keep`` (renumbered 0..n-1); every other weight as is.
 
-    Layers are found by their state-dict names (``....layer.<i>.``: BERT, RoBERTa, ELECTRA, DistilBERT).
+    Layers are found by their state-dict names (``....layer.<i>.``: BERT, RoBERTa, ELECTRA, DistilBERT,
+    DeBERTa; ``....layers.<i>.``: ModernBERT). ALBERT has no weights per layer: its layers run shared
+    weight groups, which the student keeps whole.
     """
+    teacher_layers = model.config.num_hidden_layers
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = len(keep)
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, (list, tuple)) and len(layer_types) == teacher_layers:
+        # Each kept layer keeps its own attention (ModernBERT: global or sliding window). Left as it was,
+        # the list would give the student's layer j the kind of the teacher's layer j, not of the layer copied there.
+        config.layer_types = [layer_types[index] for index in keep]
     student = type(model)(config)
     renamed: dict[str, torch.Tensor] = {}
     found: set[int] = set()
@@ -114,11 +123,39 @@ def shrink_to_layers(model: torch.nn.Module, keep: Sequence[int]) -> torch.nn.Mo
         if int(match.group(2)) in keep:
             renamed[f"{match.group(1)}{list(keep).index(int(match.group(2)))}{match.group(3)}"] = value
     if not found:
-        raise DistillError(f"{type(model).__name__} has no '.layer.<i>.' weights; use distill.init=model with model.architecture")
+        _check_shared_layer_groups(model, keep)
     missing, unexpected = student.load_state_dict(renamed, strict=False)
     if missing or unexpected:
-        raise DistillError(f"copying teacher layers {list(keep)} left weights missing {missing[:5]} / unexpected {unexpected[:5]}")
+        raise DistillError(
+            f"teacher layers {list(keep)} do not fit a {len(keep)}-layer student (weights missing {missing[:5]} / left over "
+            f"{unexpected[:5]}); choose other distill.layers (ModernBERT's first layer has no attention LayerNorm: keep layer 0)"
+        )
     return student
+
+
+def _check_shared_layer_groups(model: torch.nn.Module, keep: Sequence[int]) -> None:
+    """Refuse a model without weights per layer unless its layers share weight groups (ALBERT) that the
+    kept layers still run at their new depths; the student then keeps every weight as it is."""
+    groups = getattr(model.config, "num_hidden_groups", None)
+    if not groups:
+        raise DistillError(
+            f"{type(model).__name__} has no '.layer.<i>.' or '.layers.<i>.' weights to choose teacher layers from; "
+            "use distill.init=model with model.architecture"
+        )
+
+    # ALBERT's layer i runs weight group int(i / (layers / groups)) (transformers' AlbertTransformer).
+    def group_of(layer: int, layers: int) -> int:
+        return int(layer / (layers / groups))
+
+    teacher_layers = model.config.num_hidden_layers
+    wanted = [group_of(layer, teacher_layers) for layer in keep]
+    given = [group_of(layer, len(keep)) for layer in range(len(keep))]
+    if wanted != given:
+        raise DistillError(
+            f"{type(model).__name__} shares {groups} weight groups over its {teacher_layers} layers: teacher layers "
+            f"{list(keep)} run groups {wanted}, but a {len(keep)}-layer student would run {given}; choose "
+            "distill.num_layers or distill.layers so that they match"
+        )
 
 
 def hidden_layer_map(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
@@ -312,15 +349,18 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
     separator = segment_separator(teacher_tokenizer, student_tokenizer) if student_tokenizer is not None else None
     teacher_labels = getattr(teacher.config, "id2label", None)
     student_labels = getattr(student.config, "id2label", None)
-    if teacher_labels != student_labels:
+    # Only tasks that declare label names (classification, NER) have heads scoring labels. QA's head scores
+    # start and end, MLM's and translation's the vocabulary: their id2label is whatever the checkpoint
+    # carried, and "reordering" it would swap the teacher's start and end logits.
+    labelled = "label_names" in type(config.task_options).model_fields
+    if labelled and teacher_labels != student_labels:
         teacher_names, student_names = ([labels[i] for i in range(len(labels))] for labels in (teacher_labels or {}, student_labels or {}))
         # The same labels in another order (a Hub ClassLabel order against a local file's): the teacher's
         # output rows are permuted into the student's order, so each soft target lands on its own label.
         if not reorder_head_labels(teacher, teacher_names, student_names):
-            named = "label_names" in type(config.task_options).model_fields
             raise DistillError(
                 f"the teacher {distill.teacher} predicts labels {teacher_names}, the student {student_names}; they must "
-                f"be the same labels" + (f": set {config.task}.label_names to the teacher's" if named else "")
+                f"be the same labels: set {config.task}.label_names to the teacher's"
             )
         teacher.config.id2label, teacher.config.label2id = dict(student_labels), {name: index for index, name in student_labels.items()}
     teacher_depth = teacher.config.num_hidden_layers
