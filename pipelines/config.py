@@ -460,7 +460,10 @@ def parse_override(override: str) -> tuple[list[str], Any]:
     return keys, value
 
 
-def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any) -> None:
+def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, *, task_name: Any = None) -> list[tuple[str, ...]]:
+    """Set ``keys`` to ``value``; returns the keys set. A mapping given for a section sets those keys of it and
+    keeps the others (``train={max_steps: 5}`` replacing the file's whole train section put its learning rate
+    and batch size back to the defaults, silently); a mapping-valued setting (``data.files``) is replaced."""
     node = tree
     for key in keys[:-1]:
         child = node.get(key)
@@ -468,7 +471,28 @@ def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any) -> None:
             child = {}
             node[key] = child
         node = child
-    node[keys[-1]] = value
+    last = keys[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict) and _names_a_section(keys, task_name):
+        return [set_ for key, item in value.items() for set_ in _set_dotted(tree, [*keys, key], item, task_name=task_name)]
+    node[last] = value
+    return [tuple(keys)]
+
+
+def _names_a_section(keys: list[str], task_name: Any) -> bool:
+    """Whether ``keys`` name a config section (``train``, ``model.peft``, the task's own), not a setting."""
+    if keys == [task_name]:
+        return True
+    model: type[BaseModel] = RunConfig
+    for key in keys:
+        field = model.model_fields.get(key)
+        annotation = field.annotation if field else None
+        # An optional section (``peft: PeftConfig | None``) is a section too.
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, Section)), None)
+        if section is None:
+            return False
+        model = section
+    return True
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -570,8 +594,7 @@ def load_config(
     where = _Origin(source, copy.deepcopy(tree))
     for override in overrides:
         keys, value = parse_override(override)
-        _set_dotted(tree, keys, value)
-        where.overrides.add(tuple(keys))
+        where.overrides.update(_set_dotted(tree, keys, value, task_name=tree.get("task")))
 
     task_name = tree.get("task")
     # Everything but the task's own section first: that needs no task module (each imports torch),

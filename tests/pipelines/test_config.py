@@ -242,3 +242,34 @@ class FloatOptions(TaskOptions):
 def test_config_task_options_refuse_infinite_numbers_too():
     with pytest.raises(ValidationError, match="finite"):
         FloatOptions(threshold=float("-inf"))
+
+
+def test_config_a_mapping_given_for_a_section_sets_its_keys_and_keeps_the_others(tmp_path):
+    """``train={max_steps: 5}`` replaced the file's whole train section: its learning rate and batch size went
+    back to the defaults without a word. A section takes the keys given (as Hydra merges a dict override); a
+    mapping-valued setting (``data.files``) is replaced, so that a split can be left out."""
+    path = write(tmp_path, """task: demo
+output_dir: runs/x
+data:
+  files: {train: a.jsonl, validation: b.jsonl}
+train:
+  learning_rate: 1.0e-4
+  batch_size: 16
+model:
+  name_or_path: some/model
+  peft: {r: 4, alpha: 8}
+demo:
+  doc_stride: 64
+""")
+    config = load_config(path, ["train={max_steps: 5, batch_size: 8}", "model={peft: {r: 16}}", "demo={}",
+                                f"data.files={{train: {tmp_path / 'c.jsonl'}}}"], options_for)
+    assert (config.train.learning_rate, config.train.batch_size, config.train.max_steps) == (1.0e-4, 8, 5)
+    assert config.model.name_or_path == "some/model" and (config.model.peft.r, config.model.peft.alpha) == (16, 8)
+    assert config.task_options.doc_stride == 64
+    assert config.data.files == {"train": str(tmp_path / "c.jsonl")}
+    # A mapping where the file has none (a section the file leaves out) is the section.
+    assert load_config(write(tmp_path, BASE), ["hub={private: false}"], options_for).hub.private is False
+    # A bad value the file holds is still the file's, not the command line's.
+    bad = write(tmp_path, BASE.replace("learning_rate: 1.0e-4", "learning_rate: -1"))
+    with pytest.raises(ConfigError, match=rf"'train.learning_rate' in {re.escape(str(bad))}"):
+        load_config(bad, ["train={max_steps: 5}"], options_for)
