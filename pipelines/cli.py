@@ -15,7 +15,8 @@ Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-p
      id, or the machine refusing a write (a full disk). ``--debug`` (anywhere on the line) or
      ``BERTPIPE_DEBUG=1`` prints the traceback, with the library error it wraps, before the message.
      Ctrl-C: one line and exit status 130; a checkpoint being written is discarded, complete ones kept.
-     SIGTERM/SIGUSR1 during training: a checkpoint at the end of the current step, one line, exit status
+     SIGTERM/SIGUSR1 during training: a checkpoint at the end of the current step (during the final
+     evaluation of a one-process run: of the last step), one line, exit status
      128 + the signal's number (pipelines/preemption.py).
 
 The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never

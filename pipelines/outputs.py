@@ -122,6 +122,16 @@ def check_output_dir(config: RunConfig) -> bool:
             f"{config.output_dir} already holds a finished run ({METRICS_FILE} exists). Choose another output_dir, "
             "set overwrite=true to replace it, or train.resume_from_checkpoint=latest to continue it."
         )
+    # Imported here: it loads torch and accelerate, which the CLI's start does without.
+    from pipelines.checkpoint import complete_checkpoints
+
+    if not complete_checkpoints(run_dir):
+        # Not "continue it with train.resume_from_checkpoint=latest": that only fails in turn, naming no way on.
+        raise OutputDirError(
+            f"{config.output_dir} holds an unfinished run ({CONFIG_FILE}, no {METRICS_FILE}) that stopped before its first "
+            "complete checkpoint (one per train.save_steps): there is nothing to resume. Replace it with overwrite=true, or "
+            "choose another output_dir; two runs never share one folder."
+        )
     checkpoints = run_dir / "checkpoints"
     held = f" and {len(list(checkpoints.iterdir()))} checkpoint folder(s)" if checkpoints.is_dir() else ""
     raise OutputDirError(
@@ -149,7 +159,7 @@ def set_aside_run_dir(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     aside = replaced_run_dir(run_dir)
     if aside.exists() and not (run_dir / METRICS_FILE).exists():
-        shutil.rmtree(run_dir)
+        _discard(run_dir)
     else:
         if aside.exists():  # the replacement finished but stopped before removing it
             shutil.rmtree(aside)
@@ -158,9 +168,48 @@ def set_aside_run_dir(run_dir: str | Path) -> Path:
     return aside
 
 
+def _discard(run_dir: Path) -> None:
+    """Delete an unfinished run, renaming it out of the way first.
+
+    Deleted in place, a folder of checkpoints takes a while, and a Ctrl-C or a kill within it left a
+    folder that had lost its ``config.yaml`` but kept the rest: every later command, ``overwrite=true``
+    too, refused it as "not a bertpipe run". Renamed first, ``run_dir`` is either whole or gone.
+    """
+    discarded = run_dir.with_name(f".{run_dir.name}.discarded")
+    shutil.rmtree(discarded, ignore_errors=True)  # left by an earlier discard that was interrupted
+    os.replace(run_dir, discarded)
+    shutil.rmtree(discarded)
+
+
 def drop_replaced_run(run_dir: str | Path) -> None:
-    """Delete the run a finished run replaced (nothing when it replaced none)."""
+    """Delete the run a finished run replaced (nothing when it replaced none), and what an interrupted
+    :func:`_discard` left."""
+    run_dir = Path(run_dir)
     shutil.rmtree(replaced_run_dir(run_dir), ignore_errors=True)
+    shutil.rmtree(run_dir.with_name(f".{run_dir.name}.discarded"), ignore_errors=True)
+
+
+def save_tokenizer(tokenizer, run_dir: Path) -> None:
+    """``tokenizer.save_pretrained(run_dir)``, each file whole or not replaced.
+
+    A resume (and the final save) rewrites the tokenizer files of the run; written in place, a kill
+    mid-write left a truncated ``tokenizer.json``, and a run that trained its own tokenizer (MLM from
+    scratch), which reads it back from there on resume, could never be resumed again. Written beside
+    and renamed over, an interrupted save leaves the old files, the same tokenizer.
+    """
+    staging = run_dir / ".tokenizer.partial"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
+    try:
+        tokenizer.save_pretrained(staging)
+    except BaseException:  # a full disk, Ctrl-C: no half-written folder is left in the run
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for path in staging.iterdir():
+        target = run_dir / path.name
+        if path.is_dir() and target.is_dir():  # additional_chat_templates/: a folder is not renamed over a folder
+            shutil.rmtree(target)
+        os.replace(path, target)
+    staging.rmdir()
 
 
 def write_text_atomically(path: Path, text: str) -> None:

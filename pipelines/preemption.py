@@ -10,8 +10,11 @@ Out: :class:`StopSignals`, installed around the training loop: it notes the sign
      the result it would have had uninterrupted.
 
 A second signal while the step finishes stops at once, as Ctrl-C does (the checkpoint being written is
-discarded, complete ones are kept). Outside the loop (loading data, the final evaluation and save) the
-signals keep their usual effect: there is no step to stop at there. :func:`passed_on_to` makes a parent
+discarded, complete ones are kept). During the final evaluation of a one-process run,
+:func:`stopping_at_once` makes the signal end it where it is (:class:`StopNow`): the loop then writes the
+last step's checkpoint and stops as above, where dying of the signal lost every step since the last
+checkpoint (the whole run when ``train.save_steps`` is unset). Elsewhere outside the loop (loading data,
+the final save) the signals keep their usual effect. :func:`passed_on_to` makes a parent
 that only waits for its worker processes (``bertpipe sweep --workers K``) hand the signal on to them.
 """
 
@@ -74,6 +77,35 @@ class StopSignals:
         dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group)
         number = int(self._flag.item())
         return signal.Signals(number) if number else None
+
+
+class StopNow(BaseException):
+    """A SIGTERM/SIGUSR1 inside :func:`stopping_at_once`. A BaseException, as KeyboardInterrupt is, so that
+    no ``except Exception`` on the way (a library retrying, a boundary renaming errors) swallows it."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(int(number))
+        self.signal = signal.Signals(number)
+
+
+@contextmanager
+def stopping_at_once() -> Iterator[None]:
+    """While the block runs, SIGTERM/SIGUSR1 raise :class:`StopNow` where the main thread is, for work that
+    writes nothing and can be redone (the final evaluation: minutes, longer than a scheduler's grace
+    period, with no step boundary to wait for). Off the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(number: int, frame: FrameType | None) -> None:
+        raise StopNow(number)
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 @contextmanager

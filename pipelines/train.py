@@ -15,9 +15,11 @@ checkpoint on schedule -> final evaluation -> save.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ from pipelines import outputs
 from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
-    CheckpointError, TrainerState, check_resume_config, find_checkpoint, load_checkpoint, save_checkpoint,
+    CheckpointError, TrainerState, check_resume_config, complete_checkpoints, find_checkpoint, load_checkpoint, save_checkpoint,
 )
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source
@@ -44,7 +46,7 @@ from pipelines.modeling import (
 )
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
-from pipelines.preemption import StopSignals
+from pipelines.preemption import StopNow, StopSignals, stopping_at_once
 from pipelines.runtime import build_accelerator, check_compile_backend, wrap_model_layers_for_fsdp
 from pipelines.task import Task
 
@@ -252,12 +254,35 @@ def train(
         accelerator.print(f"loading the best model (step {state.best_step}, {best.metric_name}={state.best_metric:.4f})")
         _load_best_model(student_of(accelerator.unwrap_model(model)), best.folder)
 
-    predictions, final_metrics = run_evaluation()
+    try:
+        # With several processes a signal may reach one alone, which would wait at the checkpoint for the
+        # others, still evaluating: those keep the signals' usual effect.
+        with stopping_at_once() if accelerator.num_processes == 1 else contextlib.nullcontext():
+            predictions, final_metrics = run_evaluation()
+    except StopNow as stop:
+        raise RunStopped(stop.signal, state.global_step, plan.total_updates, _final_checkpoint(
+            run_dir, state, stop.signal,
+            # Not checkpoint(): its totals would count the evaluation's seconds as training time.
+            lambda: save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict()),
+        )) from None
     log(final_metrics)
     summary = _summary(final_metrics, state, accelerator, epoch=round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
                        trainable_params=trainable_params, total_params=total_params)
     _finish_run(accelerator, config, task, model, data, predictions, summary, state.log_history, step_log)
     return summary
+
+
+def _final_checkpoint(run_dir: Path, state: TrainerState, received: signal.Signals, checkpoint: Callable[[], Path]) -> Path:
+    """The last step's checkpoint, for a run stopped during its final evaluation: the one
+    ``train.save_steps`` wrote at that step, else a new one. A second signal while it is written stops
+    at once, as in the loop (the partial checkpoint is discarded)."""
+    written = complete_checkpoints(run_dir)
+    if written and TrainerState.read(written[-1]).global_step == state.global_step:
+        return written[-1]
+    guard = StopSignals()
+    guard.received = received  # noted already: the next one is the second
+    with guard:
+        return checkpoint()
 
 
 # ----- set-up -------------------------------------------------------------------------------
@@ -340,7 +365,7 @@ def _open_run_dir(
             outputs.save_config(config, run_dir)
             # From the start, not only with the model: a resume must read the tokenizer this run
             # trained (MLM from scratch), as the trainer may not retrain the same one.
-            tokenizer.save_pretrained(run_dir)
+            outputs.save_tokenizer(tokenizer, run_dir)
         if on_start is not None:
             on_start(run_dir)
     accelerator.wait_for_everyone()
@@ -399,7 +424,7 @@ def _finish_run(
                         "the same command with train.resume_from_checkpoint=latest, or overwrite=true without a checkpoint)"):
         _save_model(accelerator, model, run_dir)
         if accelerator.is_main_process:
-            data.tokenizer.save_pretrained(run_dir)
+            outputs.save_tokenizer(data.tokenizer, run_dir)
             if config.model.peft is not None and config.model.peft.merge:
                 save_merged_model(unwrapped, data.tokenizer, run_dir / MERGED_DIR)
             task.save_artifacts(predictions, data.eval_examples, str(run_dir))

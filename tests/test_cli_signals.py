@@ -1,0 +1,129 @@
+"""A command stopped at any moment (Ctrl-C, SIGTERM, a kill) leaves nothing broken: the next command
+finishes or resumes the work, or refuses with exit status 2 and one message saying what to do."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli
+
+# Runs the CLI with each batch slowed down, so that a signal sent from outside lands mid-training.
+SLOW_TRAINING = """
+import sys, time
+import pipelines.train as train
+count = train.count_samples_and_tokens
+def slowly(batch):
+    time.sleep(0.05)
+    return count(batch)
+train.count_samples_and_tokens = slowly
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+PINNED = {"mixed_precision": "no", "torch_num_threads": 1}
+
+
+def test_cli_signals_ctrl_c_before_the_first_checkpoint_leaves_a_run_whose_rerun_says_what_works(tmp_path, tiny_bert, sentiment_files):
+    # No checkpoint yet (train.save_steps unset): the refusal sent the user to
+    # train.resume_from_checkpoint=latest, which only failed in turn ("holds no complete checkpoint").
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=200, logging_steps=1, eval_steps=None, **PINNED)
+    process = subprocess.Popen([sys.executable, "-c", SLOW_TRAINING, "train", str(config)], cwd=REPO_ROOT, env=cli_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "run" / "log.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and "loss" in log.read_text()):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+
+    rerun = run_cli("train", str(config), check=False)
+    assert rerun.returncode == 2 and "Traceback" not in rerun.stderr, rerun.stderr[-3000:]
+    message = rerun.stderr.strip().splitlines()[-1]
+    assert str(tmp_path / "run") in message and "overwrite=true" in message and "nothing to resume" in message, message
+    assert "resume_from_checkpoint=latest" not in message, message
+
+
+# Runs the CLI and loses the power while the final save rewrites the run's tokenizer.json (a kill mid-write:
+# half the file is there), after the run's last checkpoint.
+POWER_LOSS_IN_THE_FINAL_TOKENIZER_SAVE = """
+import os, sys
+from pathlib import Path
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
+save, calls = TokenizersBackend.save_pretrained, []
+def save_then_lose_power(self, directory, *args, **kwargs):
+    files = save(self, directory, *args, **kwargs)
+    calls.append(directory)
+    if len(calls) == 2:  # the first save is the run's start, the second the final save
+        path = Path(directory) / "tokenizer.json"
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        os._exit(9)
+    return files
+TokenizersBackend.save_pretrained = save_then_lose_power
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_signals_a_kill_while_the_final_save_writes_the_tokenizer_leaves_a_resumable_pretraining_run(tmp_path):
+    # A run that trained its own tokenizer reads it back from output_dir on resume: rewritten in place
+    # and cut short, tokenizer.json made the run unresumable (its checkpoints' embeddings index that vocabulary).
+    from tests.test_cli_mlm import corpus_file, pretrain_config
+
+    config = pretrain_config(tmp_path, corpus_file(tmp_path))
+    overrides = ["train.max_steps=2", "train.save_steps=2", "train.eval_steps=null", "data.max_train_samples=64"]
+    killed = subprocess.run([sys.executable, "-c", POWER_LOSS_IN_THE_FINAL_TOKENIZER_SAVE, "train", str(config), *overrides],
+                            cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert killed.returncode == 9, killed.stderr[-3000:]
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+    resumed = run_cli("train", str(config), *overrides, "train.resume_from_checkpoint=latest", check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step-00000002" in resumed.stdout and (tmp_path / "run" / "metrics.json").is_file()
+
+
+# Runs the CLI with a SIGTERM delivered to itself as the final evaluation starts (a scheduler taking the machine).
+SIGTERM_IN_THE_FINAL_EVALUATION = """
+import os, signal, sys
+import pipelines.train as train
+evaluate = train.evaluate
+def evaluate_after_a_sigterm(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return evaluate(*args, **kwargs)
+train.evaluate = evaluate_after_a_sigterm
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_signals_sigterm_in_the_final_evaluation_checkpoints_the_last_step_and_the_resume_finishes(tmp_path, tiny_bert, sentiment_files):
+    # Outside the loop SIGTERM killed the process at once: without train.save_steps (the default) the
+    # whole training was lost to a signal a second after its last step, which a second before it saved.
+    from safetensors.torch import load_file
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=6, eval_steps=None, **PINNED)
+    stopped = subprocess.run([sys.executable, "-c", SIGTERM_IN_THE_FINAL_EVALUATION, "train", str(config)],
+                             cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000006"
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"bertpipe train: stopped by SIGTERM at step 6 of 6; checkpoint {checkpoint} is complete: "
+        "continue with train.resume_from_checkpoint=latest"
+    )
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+    resumed = run_cli("train", str(config), "train.resume_from_checkpoint=latest")
+    assert "step-00000006" in resumed.stdout
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["global_step"] == 6 and metrics["train_samples"] == 6 * 8
+    # Nothing was trained again: the final model is the last step's.
+    final, saved = load_file(tmp_path / "run" / "model.safetensors"), load_file(checkpoint / "model.safetensors")
+    assert final.keys() == saved.keys() and all(torch.equal(final[name], saved[name]) for name in final)
