@@ -36,6 +36,9 @@ def _load(model_dir: str):
 def sentence_attentions(model, tokenizer, sentence: str) -> tuple[list[str], list[torch.Tensor]]:
     """Tokens of ``sentence`` and per-layer attention weights, each (heads, seq, seq)."""
     encoded = tokenizer(sentence, return_tensors="pt")
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and encoded["input_ids"].shape[1] > positions:
+        raise ValueError(f"the sentence is {encoded['input_ids'].shape[1]} tokens, past the model's max_position_embeddings={positions}")
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
     if getattr(model.config, "is_encoder_decoder", False):
         outputs = model.get_encoder()(

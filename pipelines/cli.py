@@ -326,9 +326,12 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
             convert_bert(args.source, args.destination, reverse=args.reverse)
         print(f"wrote {args.destination}")
     elif args.command == "attention":
+        _check_new_folder("--out", args.out, "the heatmaps")
         from models.visualize import attention_heatmaps
 
-        for path in attention_heatmaps(args.run_dir, args.sentence, args.out):
+        with failures_named(ModelError, f"attention {args.run_dir}"):
+            paths = attention_heatmaps(args.run_dir, args.sentence, args.out)
+        for path in paths:
             print(path)
     elif args.command == "merge":
         config = load_run_config(get_task, None, [], run_dir=args.run_dir)

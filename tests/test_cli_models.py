@@ -27,6 +27,18 @@ def test_cli_convert_bert_then_attention_then_train(tmp_path, tiny_bert, sentime
     heatmaps = tmp_path / "heatmaps"
     assert main(["attention", str(converted), "the film was good", "--out", str(heatmaps)]) == 0
     assert len(list(heatmaps.glob("*.png"))) == ours.config.num_hidden_layers
+    drawn = {path: path.read_bytes() for path in heatmaps.iterdir()}
+    capsys.readouterr()
+    # Bad input is one message, exit 2, and leaves earlier heatmaps as they were: a folder without a model,
+    # a sentence past the model's positions (an IndexError deep in the embeddings), an --out that holds files.
+    (tmp_path / "empty").mkdir()
+    for arguments, named in [([str(tmp_path / "empty"), "good", "--out", str(tmp_path / "new")], str(tmp_path / "empty")),
+                             ([str(converted), "good " * 600, "--out", str(tmp_path / "new")], "max_position_embeddings"),
+                             ([str(converted), "bad", "--out", str(heatmaps)], "--out")]:
+        assert main(["attention", *arguments]) == 2
+        error = capsys.readouterr().err
+        assert named in error and "Traceback" not in error, error
+    assert {path: path.read_bytes() for path in heatmaps.iterdir()} == drawn
 
     # A run folder of its own: training into the converted model's folder is refused (it is not a run).
     config = classification_config(tmp_path, converted, sentiment_files, run_name="ours-run")
