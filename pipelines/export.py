@@ -34,6 +34,7 @@ import collections
 import contextlib
 import importlib
 import logging
+import os
 import shutil
 import tempfile
 import warnings
@@ -348,10 +349,20 @@ def export_run(
         model.config.save_pretrained(staged)
         save_config(config, staged)
         write_json(staged / EXPORT_FILE, summary)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(staged), out_dir)
+        # An earlier export (--overwrite) is renamed aside, not deleted first: a kill between deleting it and
+        # moving the new one in kept neither.
+        replaced = out_dir.with_name(f".{out_dir.name}.replaced")
+        shutil.rmtree(replaced, ignore_errors=True)
+        if out_dir.exists():
+            os.replace(out_dir, replaced)
+        try:
+            shutil.move(str(staged), out_dir)
+        except BaseException:
+            if replaced.exists() and not out_dir.exists():
+                os.replace(replaced, out_dir)
+            raise
+        shutil.rmtree(replaced, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return summary

@@ -10,6 +10,7 @@ unchanged. Runs train in-process for a few steps (fp32 pinned: the numbers compa
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,26 @@ def test_export_multi_label_parity_counts_labels_switched_on_or_off(tmp_path, mo
     parity = summary["parity"]["fp32"]
     assert parity["features_compared"] == 8 and parity["features_agreeing"] == 7, parity
     assert np.isclose(parity["max_abs_diff"], 20.0, atol=1e-3)
+
+
+def test_export_overwrite_interrupted_as_the_new_export_moves_in_keeps_the_old_one(runs, tmp_path, monkeypatch):
+    """``export --overwrite`` deleted the earlier export before moving the new one in: Ctrl-C or a kill between
+    the two kept neither. The earlier export is renamed aside until the new one is in place."""
+    import pipelines.export as export_module
+
+    out = tmp_path / "onnx"
+    export(runs["classification"], out, parity_samples=2)
+    before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
+
+    move = shutil.move
+
+    def interrupted(source, destination):
+        if Path(destination) == out:  # the finished export moving in
+            raise KeyboardInterrupt
+        return move(source, destination)
+
+    monkeypatch.setattr(export_module.shutil, "move", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export(runs["classification"], out, parity_samples=2, overwrite=True)
+    assert {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["onnx"]  # no staging or set-aside folder left
