@@ -109,7 +109,9 @@ def find_checkpoint(resume_from: str, output_dir: str | Path) -> Path:
         found = complete_checkpoints(output_dir)
         if not found:
             raise CheckpointError(
-                f"train.resume_from_checkpoint=latest but {checkpoint_root(output_dir)} holds no complete checkpoint"
+                f"train.resume_from_checkpoint=latest but {checkpoint_root(output_dir)} holds no complete checkpoint "
+                "(one is written every train.save_steps, and when a signal stops the run): there is nothing to resume. "
+                "Start the run again without it (overwrite=true to replace an unfinished run in output_dir)"
             )
         return found[-1]
     folder = Path(resume_from)

@@ -132,7 +132,7 @@ def test_cli_sigterm_checkpoints_the_step_it_stops_at_and_the_resume_matches_uni
 def test_cli_resume_from_missing_or_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny_bert, sentiment_files):
     config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="broken", max_steps=4, save_steps=2)
     result = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
-    assert result.returncode == 2 and "no complete checkpoint" in result.stderr
+    assert result.returncode == 2 and "no complete checkpoint" in result.stderr and "overwrite=true" in result.stderr
 
     run_cli("train", str(config))
     checkpoint = tmp_path / "broken" / "checkpoints" / "step-00000004"
