@@ -35,7 +35,7 @@ def _load(model_dir: str):
 @torch.no_grad()
 def sentence_attentions(model, tokenizer, sentence: str) -> tuple[list[str], list[torch.Tensor]]:
     """Tokens of ``sentence`` and per-layer attention weights, each (heads, seq, seq)."""
-    encoded = tokenizer(sentence, return_tensors="pt")
+    encoded = tokenizer(sentence, return_tensors="pt", verbose=False)  # a sentence too long is refused below
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is not None and encoded["input_ids"].shape[1] > positions:
         raise ValueError(f"the sentence is {encoded['input_ids'].shape[1]} tokens, past the model's max_position_embeddings={positions}")

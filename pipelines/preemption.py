@@ -100,12 +100,8 @@ def stopping_at_once() -> Iterator[None]:
     def stop(number: int, frame: FrameType | None) -> None:
         raise StopNow(number)
 
-    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
-    try:
+    with _handling_stop_signals(stop):
         yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 @contextmanager
@@ -118,9 +114,16 @@ def passed_on_to(processes: Sequence) -> Iterator[None]:
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, number)
 
-    previous = {number: signal.signal(number, pass_on) for number in STOP_SIGNALS}
+    with _handling_stop_signals(pass_on):
+        yield
+
+
+@contextmanager
+def _handling_stop_signals(handler) -> Iterator[None]:
+    """``handler`` for SIGTERM and SIGUSR1 while the block runs; the previous handlers after it."""
+    previous = {number: signal.signal(number, handler) for number in STOP_SIGNALS}
     try:
         yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+        for number, old in previous.items():
+            signal.signal(number, old)

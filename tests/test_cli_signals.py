@@ -12,19 +12,7 @@ import time
 import torch
 
 from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli
-
-# Runs the CLI with each batch slowed down, so that a signal sent from outside lands mid-training.
-SLOW_TRAINING = """
-import sys, time
-import pipelines.train as train
-count = train.count_samples_and_tokens
-def slowly(batch):
-    time.sleep(0.05)
-    return count(batch)
-train.count_samples_and_tokens = slowly
-from tasks.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+from tests.test_cli_resume import SLOW_TRAINING
 
 PINNED = {"mixed_precision": "no", "torch_num_threads": 1}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -233,6 +234,18 @@ def train_two_steps(wrapped, batch) -> None:
         optimizer.zero_grad()
 
 
+def seq_cls_adapter_run(model_config: ModelConfig, run_dir) -> tuple[dict, torch.Tensor, Any]:
+    """A 3-label sequence-classification adapter on ``model_config``'s base, trained two steps and saved to
+    ``run_dir``: (its batch, its outputs before saving, the run reloaded)."""
+    model = load_model(AutoModelForSequenceClassification, model_config, label_maps=label_maps(3))
+    wrapped = apply_peft(model, model_config.peft, "SEQ_CLS", base_model_name_or_path=base_model_id(model_config))
+    batch = batch_for("seq-cls")
+    train_two_steps(wrapped, batch)
+    expected = outputs_of(wrapped, batch)
+    save_adapter_run(wrapped, run_dir)
+    return batch, expected, load_model(AutoModelForSequenceClassification, ModelConfig(), model_path=str(run_dir))
+
+
 @pytest.mark.parametrize("family", ["roberta", "deberta-v2"])
 def test_modeling_ia3_merge_keeps_a_head_of_several_layers(family, tmp_path):
     # RoBERTa's classifier is dense + out_proj, DeBERTa's head a pooler + classifier: modules_to_save
@@ -242,14 +255,7 @@ def test_modeling_ia3_merge_keeps_a_head_of_several_layers(family, tmp_path):
                 max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     AutoModelForMaskedLM.from_config(AutoConfig.for_model(family, **size)).save_pretrained(tmp_path / "base")
     model_config = ModelConfig(name_or_path=str(tmp_path / "base"), peft=PeftConfig(method="ia3"))
-    model = load_model(AutoModelForSequenceClassification, model_config, label_maps=label_maps(3))
-    wrapped = apply_peft(model, model_config.peft, "SEQ_CLS", base_model_name_or_path=base_model_id(model_config))
-    batch = batch_for("seq-cls")
-    train_two_steps(wrapped, batch)
-    expected = outputs_of(wrapped, batch)
-    save_adapter_run(wrapped, tmp_path / "run")
-
-    reloaded = load_model(AutoModelForSequenceClassification, ModelConfig(), model_path=str(tmp_path / "run"))
+    batch, expected, reloaded = seq_cls_adapter_run(model_config, tmp_path / "run")
     merged = AutoModelForSequenceClassification.from_pretrained(save_merged_model(reloaded, None, tmp_path / "merged"))
     torch.testing.assert_close(outputs_of(merged, batch), expected, rtol=1e-4, atol=1e-5)
     # Training on from the IA3 run merges it the same way.
@@ -406,14 +412,7 @@ def test_modeling_lora_saves_the_running_statistics_of_batch_norm_layers(tmp_pat
                                 max_position_embeddings=32, norm="batch")
     BertpipeForSequenceClassification(config).save_pretrained(tmp_path / "base")
     model_config = ModelConfig(name_or_path=str(tmp_path / "base"), peft=PeftConfig(r=2, alpha=4, dropout=0.0))
-    model = load_model(AutoModelForSequenceClassification, model_config, label_maps=label_maps(3))
-    wrapped = apply_peft(model, model_config.peft, "SEQ_CLS", base_model_name_or_path=base_model_id(model_config))
-    batch = batch_for("seq-cls")
-    train_two_steps(wrapped, batch)
-    expected = outputs_of(wrapped, batch)
-
-    save_adapter_run(wrapped, tmp_path / "run")
-    reloaded = load_model(AutoModelForSequenceClassification, ModelConfig(), model_path=str(tmp_path / "run"))
+    batch, expected, reloaded = seq_cls_adapter_run(model_config, tmp_path / "run")
     torch.testing.assert_close(outputs_of(reloaded, batch), expected)
     merged = AutoModelForSequenceClassification.from_pretrained(save_merged_model(reloaded, None, tmp_path / "merged"))
     torch.testing.assert_close(outputs_of(merged, batch), expected, rtol=1e-4, atol=1e-5)
