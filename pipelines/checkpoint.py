@@ -124,12 +124,14 @@ def find_checkpoint(resume_from: str, output_dir: str | Path) -> Path:
 
 def save_checkpoint(
     accelerator: Accelerator, output_dir: str | Path, state: TrainerState, save_total_limit: int | None,
-    *, config: dict | None = None,
+    *, config: dict | None = None, sources: dict[str, str] | None = None,
 ) -> Path:
     """Write a complete checkpoint for ``state.global_step`` on every process; returns its path.
 
     ``config`` (the resolved config as written to ``config.yaml``) is stored beside the state so a
-    resume can be checked against the settings the checkpoint was trained with. A write that fails
+    resume can be checked against the settings the checkpoint was trained with; ``sources``, the
+    :func:`source_digests` of that config taken when the run read its files (computed here when not
+    given), lets a resume from another path compare contents. A write that fails
     (a full disk) or is interrupted removes its own partial folder and leaves the complete checkpoints as they were.
     """
     root = checkpoint_root(output_dir)
@@ -146,7 +148,7 @@ def save_checkpoint(
         if accelerator.is_main_process:
             if config is not None:
                 (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
-                _write_json_atomically(partial / SOURCES_FILE, source_digests(config))
+                _write_json_atomically(partial / SOURCES_FILE, source_digests(config) if sources is None else sources)
             _write_json_atomically(partial / STATE_FILE, asdict(state))
     except BaseException as error:  # a full disk, and Ctrl-C too: neither leaves half a checkpoint behind
         free = _free_space(root)

@@ -34,6 +34,7 @@ from pipelines.batching import eval_dataloader, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
     CheckpointError, TrainerState, check_resume_config, complete_checkpoints, find_checkpoint, load_checkpoint, save_checkpoint,
+    source_digests,
 )
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source
@@ -97,6 +98,9 @@ def train(
     run_dir = Path(config.output_dir)
     accelerator = build_accelerator(config)
     set_seed(config.seed)
+    # The contents of the files the run reads, digested as it reads them: at the first checkpoint, a file
+    # edited meanwhile was recorded as the one trained on, and a multi-GB one was read inside a SIGTERM's grace.
+    sources = source_digests(config.to_yaml_dict()) if accelerator.is_main_process else None
 
     # Data: the main process tokenises first and fills the datasets cache; the others read it.
     with accelerator.main_process_first():
@@ -185,9 +189,13 @@ def train(
         interval_loss.zero_()
         interval_batches = 0
 
+    def write_checkpoint() -> Path:
+        return save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict(),
+                               sources=sources)
+
     def checkpoint() -> Path:
         update_totals()
-        return save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict())
+        return write_checkpoint()
 
     model.train()
     with StopSignals() as stop_signals:
@@ -262,8 +270,7 @@ def train(
     except StopNow as stop:
         raise RunStopped(stop.signal, state.global_step, plan.total_updates, _final_checkpoint(
             run_dir, state, stop.signal,
-            # Not checkpoint(): its totals would count the evaluation's seconds as training time.
-            lambda: save_checkpoint(accelerator, run_dir, state, config.train.save_total_limit, config=config.to_yaml_dict()),
+            write_checkpoint,  # not checkpoint(): its totals would count the evaluation's seconds as training time
         )) from None
     log(final_metrics)
     summary = _summary(final_metrics, state, accelerator, epoch=round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),

@@ -354,3 +354,34 @@ def test_cli_resume_of_a_run_moved_with_its_data_and_model_matches_uninterrupted
     expected = load_file(tmp_path / "reference" / "model.safetensors")
     for name, tensor in load_file(run_dir / "model.safetensors").items():
         assert (tensor - expected[name]).abs().max().item() <= 1e-6, name
+
+
+def test_cli_resume_checkpoint_records_the_contents_the_run_read_not_those_at_its_first_save(
+    tmp_path, tiny_bert, sentiment_files, monkeypatch,
+):
+    """A file edited while the run trained (a data refresh job, a copy still in progress) was digested at the
+    first checkpoint: the record named contents the run never read, and a resume from another path compared
+    against those."""
+    import shutil
+
+    import pipelines.train as train_module
+    from pipelines.checkpoint import SOURCES_FILE, source_digests
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+
+    files = {split: Path(shutil.copy(path, tmp_path / path.name)) for split, path in sentiment_files.items()}
+    config = classification_config(tmp_path, tiny_bert, files, max_steps=2, save_steps=2, eval_steps=None,
+                                   logging_steps=2, mixed_precision="no", torch_num_threads=1)
+    read = source_digests(load_run_config(get_task, str(config), []).to_yaml_dict())
+    prepare_data = train_module.prepare_data
+
+    def prepare_then_edit(*args, **kwargs):
+        data = prepare_data(*args, **kwargs)
+        files["validation"].write_text(files["validation"].read_text().replace('"positive"', '"negative"'))
+        return data
+
+    monkeypatch.setattr(train_module, "prepare_data", prepare_then_edit)
+    train_in_process(config, monkeypatch=monkeypatch)
+    recorded = json.loads((tmp_path / "run" / "checkpoints" / "step-00000002" / SOURCES_FILE).read_text())
+    assert recorded == read and recorded["data.files.validation"] != source_digests(
+        load_run_config(get_task, str(config), []).to_yaml_dict())["data.files.validation"]
