@@ -44,7 +44,7 @@ from transformers.pipelines.token_classification import AggregationStrategy, Tok
 
 from pipelines.graphemes import grapheme_boundaries, whole_graphemes
 from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
-from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions
+from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions, piece_predictions
 from tasks.ner.windows import encode_word_windows, select_word_predictions
 
 
@@ -114,8 +114,7 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
         if "word_index" not in model_inputs:
             return super()._forward(model_inputs)
         metadata = {key: model_inputs.pop(key) for key in ("word_index", "sentence_info", "is_last")}
-        # As NerTask.predict_step: probabilities in fp32 whatever the model's dtype.
-        scores, tag_ids = self.model(**model_inputs).logits.float().softmax(dim=-1).max(dim=-1)
+        tag_ids, scores = piece_predictions(self.model(**model_inputs).logits, model_inputs.get("attention_mask"))
         return {"tag_ids": tag_ids, "tag_scores": scores, **metadata}
 
     def postprocess(self, all_outputs, aggregation_strategy=AggregationStrategy.NONE, ignore_labels=None):

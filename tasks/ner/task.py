@@ -67,6 +67,21 @@ class NerOptions(TaskOptions):
     the default is conlleval's lenient reading, which accepts IOB1, IOB2 and IOBES alike."""
 
 
+def piece_predictions(logits: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per piece the most probable tag id and its probability (in fp32 whatever the model's dtype), each
+    row's pieces first in their order, its padding last.
+
+    A feature's ``word_index`` counts positions from its first piece, but a tokenizer that pads on the
+    left (XLNet) puts a shorter row's pieces after its padding: read as they came, every word of it took
+    the tag of a piece (or pad) ``padding`` positions earlier, without an error.
+    """
+    scores, tag_ids = logits.float().softmax(dim=-1).max(dim=-1)
+    if attention_mask is None:
+        return tag_ids, scores
+    pieces_first = torch.argsort((attention_mask == 0).to(torch.int8), dim=1, stable=True)
+    return tag_ids.gather(1, pieces_first), scores.gather(1, pieces_first)
+
+
 class NerTask(TaskBase):
     name: ClassVar[str] = "ner"
     Options: ClassVar[type[TaskOptions]] = NerOptions
@@ -283,8 +298,7 @@ class NerTask(TaskBase):
 
     def predict_step(self, model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         batch = {key: value for key, value in batch.items() if key != "labels"}
-        probabilities = model(**batch).logits.float().softmax(dim=-1)
-        scores, tag_ids = probabilities.max(dim=-1)
+        tag_ids, scores = piece_predictions(model(**batch).logits, batch.get("attention_mask"))
         return {"tag_ids": tag_ids, "tag_scores": scores}
 
     # ----- predictions and metrics --------------------------------------------------------

@@ -9,12 +9,13 @@ Tokenizers are trained with the ``tokenizers`` library on :func:`family_corpus` 
 that names and long words split into several pieces, which is where the defects live) and wrapped in the
 family's own transformers 5 class, built the way ``from_pretrained`` builds it from a converted checkpoint:
   * WordPiece (BERT, DistilBERT, ELECTRA): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend;
+    MPNet: ``MPNetTokenizer(vocab=...)`` with its RoBERTa-style ``<s> A </s></s> B </s>``;
   * byte-level BPE (RoBERTa, BART): ``RobertaTokenizer(vocab=..., merges=...)``;
   * byte-level BPE behind the generic ``PreTrainedTokenizerFast`` (ModernBERT's tokenizer.json: BERT-style
     special tokens, a template post-processor that does not trim offsets);
-  * Unigram (ALBERT, DeBERTa-v2/v3, XLM-R, T5, mBART): the class from ``vocab=[(piece, score), ...]``,
+  * Unigram (ALBERT, DeBERTa-v2/v3, XLM-R, XLNet, T5, mBART): the class from ``vocab=[(piece, score), ...]``,
     which sets the family's own normalizer, Metaspace pre-tokenizer and special-token template (mBART adds
-    its language codes);
+    its language codes; XLNet puts ``<sep> <cls>`` last and pads on the left);
   * Marian: ``MarianTokenizer`` exists only as a slow sentencepiece tokenizer (``source.spm``/``target.spm``
     + ``vocab.json``), so it is trained with the ``sentencepiece`` library; without that package the Marian
     family is skipped.
@@ -26,13 +27,15 @@ import json
 import random
 from pathlib import Path
 
-ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert"]
+ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert", "mpnet", "xlnet"]
+MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # XLNet pretrains by permutation LM
 SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "bert2bert"]
 FAMILIES = ENCODER_FAMILIES + SEQ2SEQ_FAMILIES
 TOKENIZER_KIND = {
     "bert": "WordPiece", "distilbert": "WordPiece", "electra": "WordPiece", "bert2bert": "WordPiece",
     "roberta": "byte-level BPE", "bart": "byte-level BPE", "modernbert": "byte-level BPE (generic class)",
     "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram",
+    "mpnet": "WordPiece", "xlnet": "Unigram",
     "marian": "sentencepiece (slow)",
 }
 
@@ -60,13 +63,15 @@ def family_corpus(count: int = 600, seed: int = 0) -> list[str]:
 
 
 # ----- tokenizer backends -------------------------------------------------------------------------
-def _wordpiece_backend(special: list[str]):
+def _wordpiece_backend(special: list[str], *, template: bool = True):
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.train_from_iterator(family_corpus(), trainers.WordPieceTrainer(vocab_size=WORDPIECE_VOCAB, special_tokens=special))
+    if not template:
+        return tokenizer
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
@@ -150,6 +155,15 @@ def build_tokenizer(family: str):
             tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
             mask_token="[MASK]", model_max_length=128, model_input_names=["input_ids", "attention_mask"],
         )
+    if family == "mpnet":  # WordPiece pieces, RoBERTa-style <s> </s></s> pairs
+        from transformers import MPNetTokenizer
+
+        vocab = _wordpiece_backend(["<s>", "<pad>", "</s>", "[UNK]", "<mask>"], template=False).get_vocab()
+        return MPNetTokenizer(vocab=vocab, model_max_length=128)
+    if family == "xlnet":  # Unigram; <cls> last, padding on the left
+        from transformers import XLNetTokenizer
+
+        return XLNetTokenizer(vocab=_unigram_vocab(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"]), model_max_length=128)
     if family == "albert":
         return AlbertTokenizer(vocab=_unigram_vocab(["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"], lowercase=True), model_max_length=128)
     if family == "deberta-v2":
@@ -207,6 +221,10 @@ def _model_config(family: str, tokenizer):
         return tf.RobertaConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
     if family == "xlm-roberta":
         return tf.XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
+    if family == "mpnet":
+        return tf.MPNetConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
+    if family == "xlnet":
+        return tf.XLNetConfig(vocab_size=vocab, d_model=32, n_layer=2, n_head=2, d_inner=64, bos_token_id=1, eos_token_id=2, **ids)
     if family == "albert":
         return tf.AlbertConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=128, **size, **ids)
     if family == "deberta-v2":  # v3 layout: relative positions, no absolute position embedding
@@ -239,13 +257,15 @@ def _model_config(family: str, tokenizer):
 def build_family(family: str, directory: Path) -> Path:
     """Save ``family``'s tiny random checkpoint (base model or seq2seq LM) and tokenizer into ``directory``."""
     import torch
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     tokenizer = build_tokenizer(family)
     config = _model_config(family, tokenizer)
     torch.manual_seed(0)
     if family in SEQ2SEQ_FAMILIES and family != "bert2bert":
         model = AutoModelForSeq2SeqLM.from_config(config)
+    elif family == "xlnet":
+        model = AutoModelForCausalLM.from_config(config)  # XLNet is pretrained by permutation LM, not MLM
     elif family in ENCODER_FAMILIES:
         model = AutoModelForMaskedLM.from_config(config)  # released encoders carry their MLM head
     else:
