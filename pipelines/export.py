@@ -10,8 +10,11 @@ Out: an export directory that ``bertpipe predict`` and ``bertpipe evaluate`` acc
      - the tokenizer, ``config.json`` (label names, QA defaults) and ``config.yaml`` (the run's
        resolved config, so the task reads its options as it did at training time);
      - ``export.json``: what was exported, the exporter and opset, and the parity check against
-       the torch model on the first ``parity_samples`` examples of the run's eval split (max
-       |Δ output| and the share of examples whose predicted labels are identical).
+       the torch model on the first ``parity_samples`` examples of the run's eval split (all their
+       windows), each batched three ways (:data:`PARITY_BATCHINGS`: as ``predict``/``evaluate`` batch
+       them, one at a time, and padded among the longest): the max |Δ output| over all three and per
+       batching, and the share of features whose predicted labels are identical in every batching.
+       The max |Δ| is measured on these inputs; it is not a bound for other inputs.
 
 Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export + onnxscript). The legacy TorchScript
 tracer also runs on transformers 5 but warns that it freezes Python booleans computed from tensors
@@ -39,12 +42,12 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from pipelines.batching import eval_dataloader
+from pipelines.batching import SortedBatchSampler, feature_lengths
 from pipelines.config import RunConfig
 from pipelines.modeling import MERGED_DIR, is_adapter_dir, is_peft_model
 from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime, inference_session, is_export_dir
@@ -56,7 +59,13 @@ logger = logging.getLogger(__name__)
 MIN_OPSET = 18
 DEFAULT_OPSET = 18
 # Float arithmetic that int8 dynamic quantisation leaves in fp32 (counted for export.json).
-_FLOAT_COMPUTE_OPS = ("MatMul", "Gemm", "Gather", "LayerNormalization", "Softmax", "Erf", "Tanh", "Add", "Mul", "Div", "Sub")
+_FLOAT_COMPUTE_OPS = ("MatMul", "Gemm", "Gather", "Attention", "LayerNormalization", "Softmax", "Erf", "Gelu", "Tanh", "Add", "Mul", "Div", "Sub")
+# What int8 quantises: the weight MatMuls and the embedding tables. quantize_dynamic's default list also
+# turns every op named Attention into com.microsoft's QAttention, whose attributes are not those of ONNX's
+# own Attention (opset 23+, which the exporter writes for attention from opset 23 on): onnxruntime then
+# refused the int8 graph ("Unrecognized attribute: is_causal for operator QAttention"), and QKᵀ's
+# activations, which stay fp32 at every other opset, would have been quantised.
+INT8_OP_TYPES = ("MatMul", "Gather")
 
 
 class ExportError(ValueError):
@@ -92,14 +101,39 @@ class _PositionalOutputs(torch.nn.Module):
         return tuple(outputs[name] for name in self.output_names)
 
 
-def _sample_batches(config: RunConfig, task: Task, count: int, batch_size: int) -> tuple[list[dict[str, torch.Tensor]], int]:
-    """The first ``count`` examples of the eval split as padded model batches (QA: all their windows),
-    and how many examples that is."""
+def _sample_batches(config: RunConfig, task: Task, count: int) -> tuple[dict[str, list[list[int]]], list[dict[str, torch.Tensor]], list[list[int]], int]:
+    """The first ``count`` examples of the eval split (QA: all their windows) as padded model batches, in
+    each of :data:`PARITY_BATCHINGS`; returns the batchings (feature indices per batch), every batch of
+    all of them in that order, the feature indices of each batch's rows, and how many examples that is."""
     examples = task.load(include_train=False)[config.data.eval_split]
     examples = examples.select(range(min(count, len(examples))))
     features = task.preprocess(examples, train=False)
-    loader, _ = eval_dataloader(features, task.collator(train=False), batch_size)
-    return list(loader), len(examples)
+    batchings = parity_batchings(feature_lengths(features), config.train.eval_batch_size_or_default)
+    collate = task.collator(train=False)
+    rows = [indices for batching in batchings.values() for indices in batching]
+    return batchings, [collate([features[i] for i in indices]) for indices in rows], rows, len(examples)
+
+
+PARITY_BATCHINGS = {
+    "as_evaluated": "batches of train.eval_batch_size, longest first, as bertpipe predict and evaluate batch them",
+    "one_at_a_time": "each feature alone: no padding",
+    "mixed_lengths": "batches of train.eval_batch_size pairing the longest remaining feature with the shortest: the most padding",
+}
+"""How the parity inputs are batched. int8 quantises activations per batch (one scale over the batch's
+padded tensor), so an int8 output depends on what else is in its batch; the claimed max |Δ| is the
+largest over all three."""
+
+
+def parity_batchings(lengths: np.ndarray, batch_size: int) -> dict[str, list[list[int]]]:
+    """Feature indices per batch for each of :data:`PARITY_BATCHINGS`."""
+    longest_first = [int(i) for i in np.argsort(-np.asarray(lengths), kind="stable")]
+    count = len(longest_first)
+    mixed = [longest_first[(i // 2) if i % 2 == 0 else count - 1 - i // 2] for i in range(count)]
+    return {
+        "as_evaluated": list(SortedBatchSampler(lengths, batch_size)),
+        "one_at_a_time": [[i] for i in range(count)],
+        "mixed_lengths": [mixed[i : i + batch_size] for i in range(0, count, batch_size)],
+    }
 
 
 def _onnx_inputs(model: torch.nn.Module, tokenizer, batch: dict[str, torch.Tensor]) -> list[str]:
@@ -163,7 +197,10 @@ def _default_domain_opset(path: Path) -> int | None:
 def quantize_int8(source: Path, destination: Path, *, per_channel: bool) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(source), str(destination), weight_type=QuantType.QInt8, per_channel=per_channel)
+    # The quantiser logs, on the root logger, advice to run its pre-processing first (shape inference and
+    # graph fusions for static quantisation); the export measures the int8 graph against torch instead.
+    with _quiet_loggers(""):
+        quantize_dynamic(str(source), str(destination), weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=list(INT8_OP_TYPES))
 
 
 def kept_fp32_ops(path: Path) -> dict[str, int]:
@@ -194,9 +231,12 @@ def quantized_ops(path: Path) -> dict[str, int]:
 
 def compare_outputs(
     reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], masks: list[np.ndarray], output_names: tuple[str, ...],
-    *, multi_label_threshold: float | None = None,
+    *, multi_label_threshold: float | None = None, feature_ids: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """Max |Δ| over real (non-padding) positions and the share of examples whose predicted labels all agree.
+
+    ``feature_ids``: per batch, the feature each row is, when the same features come in several
+    batchings; a feature then agrees only if it agrees in every batch it is in, and counts once.
 
     Sequence outputs (token logits, start/end logits) are compared where ``attention_mask`` is 1;
     an example agrees when every such position has the same argmax (QA: the same start and end).
@@ -206,8 +246,13 @@ def compare_outputs(
     """
     # np.max propagates NaN; Python's max(0.0, nan) returns 0.0 and argmax counts NaN as the largest
     # value, so NaN outputs used to read as a perfect export.
-    diffs, agree, total = [0.0], 0, 0
-    for ref_batch, cand_batch, mask in zip(reference, candidate, masks):
+    diffs, agreement_of = [0.0], {}
+    if feature_ids is None:
+        feature_ids, start = [], 0
+        for mask in masks:
+            feature_ids.append(range(start, start + mask.shape[0]))
+            start += mask.shape[0]
+    for ref_batch, cand_batch, mask, ids in zip(reference, candidate, masks, feature_ids):
         agrees = np.ones(mask.shape[0], dtype=bool)
         for name in output_names:
             ref, cand = ref_batch[name], cand_batch[name]
@@ -231,9 +276,10 @@ def compare_outputs(
                 diffs.append(np.abs(ref - cand).max(initial=0.0))
                 agrees &= ref.argmax(-1) == cand.argmax(-1) if ref.shape[-1] > 1 else np.ones(len(ref), dtype=bool)
                 agrees &= finite.all(-1)
-        agree += int(agrees.sum())
-        total += len(agrees)
+        for feature, agreed in zip(ids, agrees.tolist()):
+            agreement_of[feature] = agreement_of.get(feature, True) and agreed
     max_abs = float(np.max(diffs))
+    agree, total = sum(agreement_of.values()), len(agreement_of)
     return {"max_abs_diff": max_abs, "features_agreeing": agree, "features_compared": total, "agreement": agree / max(total, 1)}
 
 
@@ -275,7 +321,7 @@ def export_run(
     if is_peft_model(model):  # an adapter run's merged/ folder is a full model; this would be a bug upstream
         raise ExportError(f"{source} loaded as a peft adapter; export needs a full model")
     model = model.float().eval()
-    batches, example_count = _sample_batches(config, task, parity_samples, batch_size=16)
+    batchings, batches, rows, example_count = _sample_batches(config, task, parity_samples)
     if not batches:
         raise ExportError(f"the eval split {config.data.eval_split!r} of {run_dir} gives no examples to check the export on")
     input_names = _onnx_inputs(model, tokenizer, batches[0])
@@ -290,18 +336,7 @@ def export_run(
     try:
         fp32_path = staging / "model.fp32.onnx"
         export_onnx(model, sample, input_names, output_names, fp32_path, opset=opset)
-        try:
-            fp32_session = inference_session(fp32_path)
-        except Exception as error:  # onnxruntime's errors (InvalidGraph, Fail, ...) derive from Exception only
-            # The exporter writes any opset onnx knows, with ops (e.g. Attention) that this onnxruntime
-            # may not run at that opset.
-            detail = (str(error).splitlines() or [type(error).__name__])[0]
-            # onnxruntime names the refused op at the end of a long line (which also names a staging file).
-            detail = detail if len(detail) <= 160 else "..." + detail[-160:]
-            raise ExportError(
-                f"--opset {opset}: onnxruntime {ort.__version__} cannot load the exported graph ({detail}); "
-                f"choose an older opset (default {DEFAULT_OPSET})"
-            ) from error
+        fp32_session = _session_or_error(fp32_path, "the exported graph", opset, ort)
         reference = _run_all(model, batches, input_names, output_names)
         summary: dict[str, Any] = {
             "task": config.task, "pipeline_tag": task.pipeline_tag, "source": str(source.resolve()),
@@ -312,8 +347,12 @@ def export_run(
         }
         staged = staging / "stage"
         staged.mkdir()
-        fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference, threshold)
-        summary["parity"] = {"against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count, "fp32": fp32_parity}
+        fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference, threshold, rows, batchings)
+        summary["parity"] = {
+            "against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count,
+            "features": len(batchings["one_at_a_time"]), "batch_size": config.train.eval_batch_size_or_default,
+            "batchings": PARITY_BATCHINGS, "fp32": fp32_parity,
+        }
         if fp32_parity["agreement"] < 1.0 or not np.isfinite(fp32_parity["max_abs_diff"]):
             # Same weights, same precision: a disagreement is an exporter or runtime fault, or logits so
             # close to a tie that float rounding flips them. Either way the user must hear it now.
@@ -328,7 +367,8 @@ def export_run(
             for per_channel in (True, False):
                 path = staging / f"model.int8.{'channel' if per_channel else 'tensor'}.onnx"
                 quantize_int8(fp32_path, path, per_channel=per_channel)
-                variants[per_channel] = (path, _parity(inference_session(path), batches, masks, input_names, output_names, reference, threshold))
+                session = _session_or_error(path, "the int8 graph", opset, ort, quantized=True)
+                variants[per_channel] = (path, _parity(session, batches, masks, input_names, output_names, reference, threshold, rows, batchings))
             # NaN compares False with everything: a variant with NaN outputs must lose, not win by default.
             diff_of = {key: np.nan_to_num(variant[1]["max_abs_diff"], nan=np.inf) for key, variant in variants.items()}
             per_channel = bool(diff_of[True] <= diff_of[False])
@@ -340,7 +380,8 @@ def export_run(
                 "max_abs_diff_per_tensor": variants[False][1]["max_abs_diff"],
                 "quantized_ops": quantized_ops(final), "kept_fp32_ops": kept_fp32_ops(final),
                 "note": "MatMul weights (and embedding tables) int8, activations quantised per batch; the remaining "
-                        "MatMuls multiply two activations (attention scores and attention-weighted values)",
+                        "MatMuls (opset 23+: the Attention ops) multiply two activations (attention scores and "
+                        "attention-weighted values)",
             })
             summary["parity"]["int8"] = int8_parity
         shutil.move(str(final), staged / ONNX_FILE)
@@ -411,12 +452,37 @@ def _check_opset_known(opset: int) -> None:
         raise ExportError(f"--opset {opset}: the installed onnx {onnx.__version__} knows opsets up to {newest} (default {DEFAULT_OPSET})")
 
 
-def _parity(session, batches, masks, input_names, output_names, reference, multi_label_threshold=None) -> dict[str, Any]:
+def _session_or_error(path: Path, what: str, opset: int, ort, *, quantized: bool = False):
+    try:
+        return inference_session(path)
+    except Exception as error:  # onnxruntime's errors (InvalidGraph, Fail, ...) derive from Exception only
+        # The exporter writes any opset onnx knows, with ops (e.g. Attention) that this onnxruntime
+        # may not run at that opset, or that the quantiser may rewrite into ops it cannot run.
+        detail = (str(error).splitlines() or [type(error).__name__])[0]
+        # onnxruntime names the refused op at the end of a long line (which also names a staging file).
+        detail = detail if len(detail) <= 160 else "..." + detail[-160:]
+        raise ExportError(
+            f"{'--quantize int8 ' if quantized else ''}--opset {opset}: onnxruntime {ort.__version__} cannot load {what} "
+            f"({detail}); choose an older opset (default {DEFAULT_OPSET}){' or export without --quantize' if quantized else ''}"
+        ) from error
+
+
+def _parity(session, batches, masks, input_names, output_names, reference, multi_label_threshold, rows, batchings) -> dict[str, Any]:
+    """The session against ``reference`` over every batch of every batching (``rows``: each batch's feature
+    indices), with the max |Δ| of each batching as well."""
     candidate = []
     for batch in batches:
         values = session.run(list(output_names), {name: batch[name].numpy().astype(np.int64) for name in input_names})
         candidate.append(dict(zip(output_names, values)))
-    return compare_outputs(reference, candidate, masks, output_names, multi_label_threshold=multi_label_threshold)
+    result = compare_outputs(reference, candidate, masks, output_names, multi_label_threshold=multi_label_threshold, feature_ids=rows)
+    by_batching, start = {}, 0
+    for name, batching in batchings.items():
+        part = slice(start, start + len(batching))
+        by_batching[name] = compare_outputs(
+            reference[part], candidate[part], masks[part], output_names, multi_label_threshold=multi_label_threshold,
+        )["max_abs_diff"]
+        start += len(batching)
+    return {**result, "max_abs_diff_by_batching": by_batching}
 
 
 def _opset_of(path: Path) -> int:
