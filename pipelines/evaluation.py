@@ -34,7 +34,7 @@ from pipelines.modeling import (
     MERGED_DIR, check_sequence_lengths, is_adapter_dir, is_peft_model, save_merged_model,
 )
 from pipelines.onnx_model import is_export_dir
-from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, data_files_by_key, write_json
+from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, data_files_by_key, replacing_folder, write_json
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
 
@@ -271,4 +271,8 @@ def merge_run(config: RunConfig, task: Task, run_dir: str, out_dir: str | None =
     model = task.build_model(None, model_path=run_dir)
     if not is_peft_model(model):
         raise ModelError(f"task {config.task!r} did not load the adapter of {run_dir} through pipelines.modeling.load_model")
-    return save_merged_model(model, tokenizer, Path(out_dir) if out_dir else Path(run_dir) / MERGED_DIR)
+    target = Path(out_dir) if out_dir else Path(run_dir) / MERGED_DIR
+    # Staged beside and swapped in: a kill mid-merge leaves the earlier merged/ whole.
+    with replacing_folder(target) as staging:
+        save_merged_model(model, tokenizer, staging)
+    return target

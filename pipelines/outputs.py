@@ -8,7 +8,12 @@ Out: ``config.yaml`` (resolved config), ``log.jsonl`` (one record per logging/ev
 Which folders a run may use (:func:`check_output_dir`): a new or empty one, or its own run folder
 (``config.yaml``) when resuming or, with ``overwrite=true``, replacing it (the old run waits beside it
 until the new one has finished); never a foreign folder, one holding the run's inputs, or an unfinished
-run without one of those two settings.
+run without one of those two settings. The check creates nothing: a refused command leaves no folder.
+
+Rewrites of a run's files are whole or not at all, so that an interruption never leaves a finished run
+that does not load: :func:`write_text_atomically` (``config.yaml``, ``metrics.json``),
+:func:`replacing_files` (model and tokenizer files, staged inside the folder), :func:`replacing_folder`
+(``merged/``, staged beside it).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +80,30 @@ def _run_inputs(config: RunConfig) -> dict[str, Path]:
 
 
 def _check_creatable(run_dir: Path) -> None:
-    """``output_dir`` is a folder or can become one; created now (empty) so a later write cannot fail on it."""
+    """``output_dir`` is a folder or can become one. A folder that does not exist yet is created to
+    find out and removed again (with the parents made for it): the run creates it when it starts
+    writing, and a command refused before that (bad data, a student that cannot be built) leaves
+    no empty folder behind. Several processes of one run may check at once: one's removal is not
+    another's failure."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OutputDirError(f"output_dir {run_dir} is a file, not a folder; choose another output_dir")
     blocking = next((parent for parent in run_dir.parents if parent.exists() and not parent.is_dir()), None)
     if blocking is not None:
         raise OutputDirError(f"output_dir {run_dir} lies under {blocking}, which is a file; choose another output_dir")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OutputDirError(f"output_dir {run_dir} cannot be created: {error.strerror or error}") from error
-    if not os.access(run_dir, os.W_OK | os.X_OK):
+    made = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
+    for attempt in range(3):
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            break
+        except OSError as error:
+            # FileNotFoundError: maybe another process removed a parent it made between our two mkdirs.
+            if attempt == 2 or not isinstance(error, FileNotFoundError):
+                raise OutputDirError(f"output_dir {run_dir} cannot be created: {error.strerror or error}") from error
+    writable = os.access(run_dir, os.W_OK | os.X_OK) or not run_dir.exists()
+    for folder in made:  # deepest first; one another process has filled or removed stays as it is
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    if not writable:
         raise OutputDirError(f"output_dir {run_dir} is not writable")
 
 
@@ -97,15 +117,34 @@ def check_output_dir(config: RunConfig) -> bool:
     """
     run_dir = Path(config.output_dir)
     _check_creatable(run_dir)
-    if not any(run_dir.iterdir()):
+    if _is_absent_or_empty(run_dir):
         return False
+    try:
+        _check_run_dir_use(config, run_dir)
+    except OutputDirError as error:
+        raise OutputDirError(f"{error}{_replaced_run_note(run_dir)}") from None
+    return bool(config.overwrite and not config.train.resume_from_checkpoint)
+
+
+def _replaced_run_note(run_dir: Path) -> str:
+    """Where the last finished run is, when an ``overwrite=true`` that replaced it was interrupted:
+    without it the user of a refused command took that run for lost."""
+    aside = replaced_run_dir(run_dir)
+    if not (aside / METRICS_FILE).is_file():
+        return ""
+    return (f" The finished run that overwrite=true replaced there is still kept, whole, in {aside}; the next run to "
+            f"finish in {run_dir} deletes it (move it elsewhere to keep it).")
+
+
+def _check_run_dir_use(config: RunConfig, run_dir: Path) -> None:
+    """The refusals of :func:`check_output_dir` for a folder that holds files."""
     if not is_run_dir(run_dir):
         raise OutputDirError(
             f"output_dir {run_dir} is not empty and is not a bertpipe run (no {CONFIG_FILE} written by bertpipe); "
             "bertpipe never writes into or deletes another folder's contents. Choose a new or empty output_dir."
         )
     if config.train.resume_from_checkpoint:
-        return False
+        return
     if config.overwrite:
         resolved = run_dir.resolve()
         if _inside(Path.cwd().resolve(), resolved):
@@ -116,7 +155,7 @@ def check_output_dir(config: RunConfig) -> bool:
                     f"overwrite=true would delete output_dir {run_dir}, but {key}={path} lies inside it (an input of "
                     "this run). Choose another output_dir, or move the input out first."
                 )
-        return True
+        return
     if (run_dir / METRICS_FILE).exists():
         raise OutputDirError(
             f"{config.output_dir} already holds a finished run ({METRICS_FILE} exists). Choose another output_dir, "
@@ -139,6 +178,13 @@ def check_output_dir(config: RunConfig) -> bool:
         "or failed. Continue it with train.resume_from_checkpoint=latest, replace it with overwrite=true, or choose "
         "another output_dir; two runs never share one folder."
     )
+
+
+def _is_absent_or_empty(folder: Path) -> bool:
+    try:
+        return not any(folder.iterdir())
+    except FileNotFoundError:
+        return True
 
 
 def replaced_run_dir(run_dir: str | Path) -> Path:
@@ -189,27 +235,93 @@ def drop_replaced_run(run_dir: str | Path) -> None:
     shutil.rmtree(run_dir.with_name(f".{run_dir.name}.discarded"), ignore_errors=True)
 
 
+# Weight files transformers and peft write and read: whole (model.safetensors), sharded (index + shards), legacy .bin.
+_WEIGHT_FILE = re.compile(r"(model|pytorch_model|adapter_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?")
+_SHARD_FILE = re.compile(r".*-\d{5}-of-\d{5}\.(safetensors|bin)")
+
+
+@contextlib.contextmanager
+def replacing_files(folder: Path, name: str) -> Iterator[Path]:
+    """Yields an empty staging folder ``folder/.<name>.partial``; what the block writes there replaces
+    the files of the same names in ``folder`` once the block has ended without an error, each by
+    ``os.replace`` (whole or not). An error or a kill within the block leaves ``folder`` as it was.
+
+    A resume of a finished run and each new best model rewrite a folder that already holds a model:
+    written in place, a kill mid-write left a "finished" run whose model did not load. When the
+    staging folder holds weight files, weight files of another layout in ``folder`` (a sharded save's
+    index and shards, ``pytorch_model.bin``) are removed after the new ones are in, never before:
+    transformers loads ``model.safetensors`` before an index, and an index before ``pytorch_model.bin``,
+    so until then it loads the old model whole. Replacing the shards of an older sharded save one by
+    one cannot be whole: its index is removed first, so a kill then leaves a model that fails to
+    load, never one that mixes old and new shards. Only the main process calls this.
+    """
+    staging = folder / f".{name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
+    try:
+        staging.mkdir(parents=True)
+        yield staging
+    except BaseException:  # a full disk, Ctrl-C: no half-written folder is left in the run
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    written = sorted(staging.iterdir(), key=lambda path: (not _SHARD_FILE.fullmatch(path.name), not _WEIGHT_FILE.fullmatch(path.name)))
+    weights = {path.name for path in written if _WEIGHT_FILE.fullmatch(path.name)}
+    if any(_SHARD_FILE.fullmatch(name) and (folder / name).exists() for name in weights):
+        for index in folder.glob("*.index.json"):
+            index.unlink()
+    # Shards, then the file the loader reads first (index or whole weights), then config and the rest.
+    for path in written:
+        target = folder / path.name
+        if path.is_dir() and target.is_dir():  # additional_chat_templates/: a folder is not renamed over a folder
+            shutil.rmtree(target)
+        os.replace(path, target)
+    staging.rmdir()
+    if weights:
+        for stale in folder.iterdir():
+            if _WEIGHT_FILE.fullmatch(stale.name) and stale.name not in weights and stale.is_file():
+                stale.unlink()
+
+
 def save_tokenizer(tokenizer, run_dir: Path) -> None:
     """``tokenizer.save_pretrained(run_dir)``, each file whole or not replaced.
 
     A resume (and the final save) rewrites the tokenizer files of the run; written in place, a kill
     mid-write left a truncated ``tokenizer.json``, and a run that trained its own tokenizer (MLM from
-    scratch), which reads it back from there on resume, could never be resumed again. Written beside
-    and renamed over, an interrupted save leaves the old files, the same tokenizer.
+    scratch), which reads it back from there on resume, could never be resumed again.
     """
-    staging = run_dir / ".tokenizer.partial"
-    shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
-    try:
+    with replacing_files(run_dir, "tokenizer") as staging:
         tokenizer.save_pretrained(staging)
-    except BaseException:  # a full disk, Ctrl-C: no half-written folder is left in the run
+
+
+@contextlib.contextmanager
+def replacing_folder(folder: Path) -> Iterator[Path]:
+    """Yields an empty staging folder ``.<name>.partial`` beside ``folder``; once the block has ended
+    without an error it becomes ``folder``, and what was there before is deleted.
+
+    ``bertpipe merge`` and ``model.peft.merge`` rewrite ``merged/``: written in place, a kill mid-write
+    over an earlier merge left a model that did not load. The old folder is renamed aside
+    (``.<name>.old.partial``) before the new one is renamed in, and deleted after; a kill between the two
+    renames leaves it there, and the next call puts it back before starting. Both names end in
+    ``.partial``, which ``publish`` never uploads.
+    """
+    folder = Path(os.path.abspath(folder))  # "--out ." has no name to stage beside
+    staging = folder.with_name(f".{folder.name}.partial")
+    aside = folder.with_name(f".{folder.name}.old.partial")
+    if aside.exists():
+        if folder.exists():
+            shutil.rmtree(aside)
+        else:
+            os.replace(aside, folder)
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        yield staging
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    for path in staging.iterdir():
-        target = run_dir / path.name
-        if path.is_dir() and target.is_dir():  # additional_chat_templates/: a folder is not renamed over a folder
-            shutil.rmtree(target)
-        os.replace(path, target)
-    staging.rmdir()
+    if folder.exists():
+        os.replace(folder, aside)
+    os.replace(staging, folder)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -304,6 +416,14 @@ def plot_training_curves(records: list[dict[str, Any]], path: str | Path) -> Pat
     if eval_axes.get_legend_handles_labels()[0]:
         eval_axes.legend(fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return Path(path)
+    # Beside and renamed over: a resumed finished run redraws it, and a kill mid-write left a truncated
+    # image that publish uploads.
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        figure.savefig(temporary, dpi=100, format=path.suffix.lstrip(".") or "png")
+        os.replace(temporary, path)
+    finally:
+        plt.close(figure)
+        temporary.unlink(missing_ok=True)
+    return path

@@ -433,7 +433,8 @@ def _finish_run(
         if accelerator.is_main_process:
             outputs.save_tokenizer(data.tokenizer, run_dir)
             if config.model.peft is not None and config.model.peft.merge:
-                save_merged_model(unwrapped, data.tokenizer, run_dir / MERGED_DIR)
+                with outputs.replacing_folder(run_dir / MERGED_DIR) as staging:
+                    save_merged_model(unwrapped, data.tokenizer, staging)
             task.save_artifacts(predictions, data.eval_examples, str(run_dir))
             outputs.plot_training_curves(log_history, run_dir / outputs.PLOT_FILE)
             write_model_card(run_dir, config, task, summary)
@@ -453,16 +454,21 @@ def _finish_run(
 
 
 def _save_model(accelerator, model, folder: Path) -> None:
-    """A full model through transformers, or (for a PeftModel) only the adapter and the head."""
+    """A full model through transformers, or (for a PeftModel) only the adapter and the head; each file
+    whole or not replaced (a resumed finished run and each new best model write over a saved model)."""
     wrapper = accelerator.unwrap_model(model)
     unwrapped = student_of(wrapper)
-    if is_peft_model(unwrapped):
-        save_adapter_run(unwrapped, folder, is_main_process=accelerator.is_main_process)
+    # Every process takes part in gathering a sharded model's weights; the main process alone writes them.
+    state_dict = None if is_peft_model(unwrapped) else student_state_dict(wrapper, accelerator.get_state_dict(model))
+    if not accelerator.is_main_process:
         return
-    unwrapped.save_pretrained(
-        folder, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
-        state_dict=student_state_dict(wrapper, accelerator.get_state_dict(model)),
-    )
+    with outputs.replacing_files(folder, "model") as staging:
+        if state_dict is None:
+            save_adapter_run(unwrapped, staging)
+            # peft's stub card would replace the run's own card until the run has rewritten it.
+            (staging / "README.md").unlink(missing_ok=True)
+        else:
+            unwrapped.save_pretrained(staging, state_dict=state_dict)
 
 
 def _load_best_model(model, folder: Path) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli
 
@@ -227,6 +228,37 @@ def test_cli_resume_of_a_finished_run_whose_best_model_is_gone_is_refused_before
     with pytest.raises(CheckpointError, match=r"best_model.*no longer exists"):
         train_in_process(config, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
     assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+
+def test_cli_resume_of_a_finished_run_killed_while_saving_keeps_the_finished_model(tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    # Resuming a finished run (the refusal of its folder offers it) saves the model again beside the old
+    # metrics.json: written in place, a kill mid-write left a "finished" run whose model did not load.
+    import transformers.modeling_utils
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="finished", max_steps=4, save_steps=2, eval_steps=None)
+    train_in_process(config, monkeypatch=monkeypatch)
+    run_dir = tmp_path / "finished"
+    batch = AutoTokenizer.from_pretrained(run_dir)(["a warm and lovely film", "dull"], padding=True, return_tensors="pt")
+
+    def logits():
+        with torch.no_grad():
+            return AutoModelForSequenceClassification.from_pretrained(run_dir).eval()(**batch).logits
+
+    before, metrics = logits(), (run_dir / "metrics.json").read_bytes()
+
+    def killed(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 64)  # what a kill or a full disk leaves of the file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_in_process(config, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+    assert (run_dir / "metrics.json").read_bytes() == metrics
+    torch.testing.assert_close(logits(), before, rtol=0, atol=0)
+    train_in_process(config, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+    torch.testing.assert_close(logits(), before, rtol=0, atol=0)
+    assert not [path.name for path in run_dir.iterdir() if path.name.endswith(".partial")]
 
 
 def test_cli_resume_of_masked_lm_pretraining_draws_the_masks_it_would_have(tmp_path, monkeypatch):

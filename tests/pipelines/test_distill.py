@@ -173,7 +173,13 @@ def test_distill_data_longer_than_the_teachers_positions_exits_before_training(c
                             [*PINNED, f"output_dir={student_dir}", f"model.name_or_path={start_dir}", "distill.init=model"], options_for)
     with pytest.raises(ModelError, match=rf"read by the teacher: input_ids of up to \d+ tokens, but the model has 8 positions .*{short_teacher.name}.*set data.max_seq_length to at most 8"):
         train_config(config)
-    assert not any(student_dir.iterdir())  # created empty up front (output_dir rules), nothing written
+    # The output_dir rules checked that the folder can be created; the refused command leaves none behind,
+    # but an empty folder that was there before stays.
+    assert not student_dir.exists()
+    student_dir.mkdir()
+    with pytest.raises(ModelError, match="read by the teacher"):
+        train_config(config)
+    assert student_dir.is_dir() and not any(student_dir.iterdir())
 
 
 def test_distill_classification_lowers_kl_and_the_student_is_a_normal_run(classification_teacher, tmp_path):
