@@ -14,7 +14,8 @@ per architecture. An adapter run directory (``adapter_config.json`` + ``adapter_
 + the task model's ``config.json`` with its label maps) loads back through :func:`load_model`:
 base weights from the base id recorded in the adapter config (resolved through the mirror), then
 the adapter through peft; :func:`enable_adapter_runs_in_pipeline` lets ``pipeline()`` load it the
-same way.
+same way. Training from an adapter run starts from its merged weights, whose head is carried over as
+a full checkpoint's is (rows matched to the labels, or a new head of the task's kind and size).
 """
 
 from __future__ import annotations
@@ -156,43 +157,22 @@ def load_model(
 
 def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str, *, model_path, label_maps, extra) -> PreTrainedModel:
     if is_adapter_dir(location):
-        # Evaluating an adapter run keeps the PeftModel; training from one starts from the merged model.
-        adapted = load_adapter_model(auto_class, location)
         if model_path is not None:
-            return adapted
-        # peft froze the base weights; they stay frozen through the merge, and a full fine-tune (or a
-        # new adapter, which freezes what it needs) starts from a model whose weights all train.
-        merged = merge_adapter(adapted).requires_grad_(True)
-        wanted = label_maps.get("id2label")
-        run_labels = _label_list(merged.config.id2label)
-        # The adapter run's head is its own (its config may still name the base's architecture).
-        if wanted is not None and len(run_labels) != len(wanted):
-            raise ModelError(
-                f"model.name_or_path={source} is an adapter run whose head predicts {run_labels}; "
-                f"a head for {list(wanted.values())} cannot grow on it. Start from its base model, or "
-                f"from a full model (`bertpipe merge {source}` writes one to its merged/ folder)"
-            )
-        # The run's label names, as for a full checkpoint: the merged config still holds the adapter run's.
-        for key, value in label_maps.items():
-            setattr(merged.config, key, value)
-        adapter_head = _ADAPTER_HEADS.get(json.loads((Path(location) / ADAPTER_CONFIG_FILE).read_text()).get("task_type"))
-        if adapter_head is not None and _head_kind(auto_class.__name__) not in (None, adapter_head):
-            # A head of another kind (a sentence classifier's rows in a token classifier): as for a full checkpoint.
-            logger.warning("%s has a %s head, whose weights score something else; a new %s head is initialised",
-                           source, adapter_head, _head_kind(auto_class.__name__))
-            merged.bertpipe_initialized_keys = _new_head(merged)
-        elif wanted is not None:
-            merged.bertpipe_initialized_keys = _match_head_to_labels(merged, run_labels, source)
-        return merged
-    config = AutoConfig.from_pretrained(location, revision=model.revision)
+            return load_adapter_model(auto_class, location)  # evaluating an adapter run keeps the PeftModel
+        merged = _merged_adapter_run(auto_class, location)
+        if not _head_kinds(merged.config):  # MLM, translation: no task head to carry over
+            # peft froze the base weights; they stay frozen through the merge, and a full fine-tune (or a
+            # new adapter, which freezes what it needs) starts from a model whose weights all train.
+            return merged.requires_grad_(True)
+        # Training from an adapter run starts from its merged weights, whose head is carried over as a
+        # full checkpoint's is: rows matched to our labels, or a new head of our kind and size.
+        config, weights = merged.config, {"pretrained_model_name_or_path": None, "state_dict": merged.state_dict()}
+    else:
+        config = AutoConfig.from_pretrained(location, revision=model.revision)
+        weights = {"pretrained_model_name_or_path": location, "revision": model.revision}
     checkpoint_labels = _label_list(config.id2label)
-    other_head = _other_head_kind(config, auto_class)
-    if other_head is not None and "id2label" not in label_maps:
-        # The old head's labels say nothing about a head of another kind: a task that names none (QA) gets
-        # a fresh config's two outputs, not e.g. an MNLI head's three, which its start/end split cannot take.
-        fresh = PretrainedConfig()
-        label_maps = {**label_maps, "id2label": fresh.id2label, "label2id": fresh.label2id}
-    mismatched_head = other_head is None and _head_labels_differ(config, label_maps)
+    kinds = _head_kinds(config)
+    label_maps, other_head, mismatched_head = _plan_head(kinds, checkpoint_labels, auto_class, label_maps)
     for key, value in {**label_maps, **extra}.items():
         setattr(config, key, value)
     apply_dropout(config, model.dropout)
@@ -206,14 +186,15 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
             "%s has a head trained for labels %s; a new head is initialised for labels %s",
             source, checkpoint_labels, list(label_maps["id2label"].values()),
         )
-    loaded, loading_info = auto_class.from_pretrained(
-        location, config=config, revision=model.revision, ignore_mismatched_sizes=mismatched_head or other_head is not None,
-        output_loading_info=True,
+    # An Auto class loads only from a location; the model class it maps the config to also loads a state dict.
+    model_class = auto_class._model_mapping[type(config)] if weights["pretrained_model_name_or_path"] is None else auto_class
+    loaded, loading_info = model_class.from_pretrained(
+        config=config, ignore_mismatched_sizes=mismatched_head or other_head is not None, output_loading_info=True, **weights
     )
     initialized = []
     if other_head is not None:
         initialized = _new_head(loaded)
-    elif "id2label" in label_maps and _has_head(config) and not mismatched_head:
+    elif "id2label" in label_maps and _scores_labels(kinds) and not mismatched_head:
         initialized = _match_head_to_labels(loaded, checkpoint_labels, source)
     # Weights the checkpoint lacked (a new head, or e.g. a pooler an MLM checkpoint never had) are
     # random: peft must train and save them, or an adapter would not reload to the same model.
@@ -222,12 +203,47 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
     return loaded
 
 
+def _merged_adapter_run(auto_class, location: str) -> PreTrainedModel:
+    """An adapter run's model with the adapter folded in, its head of the kind the run trained.
+
+    The adapter's peft task type names that head (the run's config.json may still name the base's
+    architecture). It is loaded as its own kind, as evaluating the run does: loaded into a head of
+    another kind, peft fails on head weights it cannot place (RoBERTa's classifier.dense/out_proj
+    against a token classifier's single layer). An adapter without a head kind (MLM, translation)
+    is loaded as ``auto_class``.
+    """
+    import transformers
+
+    kind = _ADAPTER_HEADS.get(json.loads((Path(location) / ADAPTER_CONFIG_FILE).read_text()).get("task_type"))
+    merged = merge_adapter(load_adapter_model(getattr(transformers, f"AutoModel{kind}") if kind else auto_class, location))
+    if kind is not None:
+        merged.config.architectures = [type(merged).__name__]
+    return merged
+
+
+def _plan_head(kinds: list[str], checkpoint_labels: list[str], auto_class,
+               label_maps: dict[str, Any]) -> tuple[dict[str, Any], str | None, bool]:
+    """How a checkpoint's head (of ``kinds``, scoring ``checkpoint_labels``) carries over to the task's.
+
+    Returns the label maps to set, the checkpoint's head kind when ``auto_class`` builds a head of
+    another kind (None otherwise), and whether a head of the same kind scores another number of labels.
+    """
+    other_head = _other_head_kind(kinds, auto_class)
+    if other_head is not None and "id2label" not in label_maps:
+        # The old head's labels say nothing about a head of another kind: a task that names none (QA) gets
+        # a fresh config's two outputs, not e.g. an MNLI head's three, which its start/end split cannot take.
+        fresh = PretrainedConfig()
+        label_maps = {**label_maps, "id2label": fresh.id2label, "label2id": fresh.label2id}
+    mismatched = other_head is None and _head_labels_differ(kinds, checkpoint_labels, label_maps)
+    return label_maps, other_head, mismatched
+
+
 # Models whose position ids start after the padding index (fairseq's convention): two of their
 # max_position_embeddings are never usable by tokens.
 _POSITION_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl", "data2vec-text"}
 
 
-def _usable_positions(config: PretrainedConfig | None) -> int | None:
+def usable_positions(config: PretrainedConfig | None) -> int | None:
     positions = getattr(config, "max_position_embeddings", None)
     if config is None or not isinstance(positions, int) or positions <= 0:
         return None  # no learned table (T5's relative positions): no limit
@@ -247,9 +263,9 @@ def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) ->
 
     encoder = config.encoder if config.model_type == "encoder-decoder" else config
     decoder = config.decoder if config.model_type == "encoder-decoder" else config
-    limits = {"input_ids": (_usable_positions(encoder), "data.max_seq_length")}
+    limits = {"input_ids": (usable_positions(encoder), "data.max_seq_length")}
     if getattr(config, "is_encoder_decoder", False):
-        limits["labels"] = (_usable_positions(decoder), "the task's target length (e.g. translation.max_target_length)")
+        limits["labels"] = (usable_positions(decoder), "the task's target length (e.g. translation.max_target_length)")
     for column, (usable, setting) in limits.items():
         if usable is None or column not in features.column_names:
             continue
@@ -264,6 +280,8 @@ def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) ->
 
 
 _TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
+_LABEL_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+"""Task heads with one output row per label (whose label maps say what each row scores)."""
 
 
 _ADAPTER_HEADS = {"SEQ_CLS": "ForSequenceClassification", "TOKEN_CLS": "ForTokenClassification", "QUESTION_ANS": "ForQuestionAnswering"}
@@ -271,12 +289,26 @@ _ADAPTER_HEADS = {"SEQ_CLS": "ForSequenceClassification", "TOKEN_CLS": "ForToken
 
 
 def _head_kind(class_name: str) -> str | None:
-    """``ForTokenClassification`` of ``BertForTokenClassification`` or ``AutoModelForTokenClassification``."""
-    return next((kind for kind in _TASK_HEADS if class_name.endswith(kind)), None)
+    """``ForTokenClassification`` of ``BertForTokenClassification`` or ``AutoModelForTokenClassification``.
+
+    Families put the kind into their class names (``DebertaV2For...``, ``ModernBertFor...``, bertpipe's
+    ``BertpipeFor...``), though not always last: XLNet's QA class is ``XLNetForQuestionAnsweringSimple``.
+    Pretraining classes (``ElectraForPreTraining``, ``BertForMaskedLM``) have no task head: None.
+    """
+    return next((kind for kind in _TASK_HEADS if kind in class_name), None)
 
 
-def _other_head_kind(config: PretrainedConfig, auto_class: Any) -> str | None:
-    """The checkpoint's task head kind when ``auto_class`` builds a head of another kind, else None.
+def _head_kinds(config: PretrainedConfig) -> list[str]:
+    """The task head kinds a full checkpoint holds, by the classes its config's ``architectures`` names."""
+    return [kind for name in getattr(config, "architectures", None) or [] if (kind := _head_kind(name)) is not None]
+
+
+def _scores_labels(kinds: list[str]) -> bool:
+    return any(kind in _LABEL_HEADS for kind in kinds)
+
+
+def _other_head_kind(kinds: list[str], auto_class: Any) -> str | None:
+    """The checkpoint's task head kind (of ``kinds``) when ``auto_class`` builds a head of another kind, else None.
 
     Heads of different kinds often share module names and shapes (BERT, ALBERT, DistilBERT, DeBERTa:
     ``classifier``; ModernBERT: ``head`` + ``classifier``, QA's too): a sentence classifier's weights
@@ -284,8 +316,7 @@ def _other_head_kind(config: PretrainedConfig, auto_class: Any) -> str | None:
     pooled sentences.
     """
     wanted = _head_kind(getattr(auto_class, "__name__", ""))
-    found = [kind for name in getattr(config, "architectures", None) or [] if (kind := _head_kind(name)) is not None]
-    return found[0] if wanted is not None and found and wanted not in found else None
+    return kinds[0] if wanted is not None and kinds and wanted not in kinds else None
 
 
 def _new_head(model: PreTrainedModel) -> list[str]:
@@ -307,15 +338,11 @@ def _new_head(model: PreTrainedModel) -> list[str]:
     return keys
 
 
-def _has_head(config: PretrainedConfig) -> bool:
-    architectures = getattr(config, "architectures", None) or []
-    return any(name.endswith(("ForSequenceClassification", "ForTokenClassification")) for name in architectures)
-
-
-def _head_labels_differ(config: PretrainedConfig, label_maps: dict[str, Any]) -> bool:
-    """True when the checkpoint already has a task head whose label count differs from ours (its weights cannot load)."""
+def _head_labels_differ(kinds: list[str], checkpoint_labels: list[str], label_maps: dict[str, Any]) -> bool:
+    """True when the checkpoint (heads of ``kinds``) has a head scoring labels whose count differs from ours
+    (its weights cannot load)."""
     wanted = label_maps.get("id2label")
-    return wanted is not None and _has_head(config) and len(config.id2label) != len(wanted)
+    return wanted is not None and _scores_labels(kinds) and len(checkpoint_labels) != len(wanted)
 
 
 def _label_list(id2label: dict[int, str]) -> list[str]:
@@ -624,7 +651,8 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bo
     base_config = AutoConfig.from_pretrained(base_location, revision=revision)
     wanted = {"id2label": config.id2label} if hasattr(config, "id2label") else {}
     base = auto_class.from_pretrained(
-        base_location, config=config, revision=revision, ignore_mismatched_sizes=_head_labels_differ(base_config, wanted)
+        base_location, config=config, revision=revision,
+        ignore_mismatched_sizes=_head_labels_differ(_head_kinds(base_config), _label_list(base_config.id2label), wanted),
     )
     return PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable)
 

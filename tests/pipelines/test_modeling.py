@@ -2,7 +2,8 @@
 run, a fine-tuned Hub model, an adapter run): each label keeps its own output row, whatever order the new
 run lists the labels in, and a head trained for other labels is not reused under new names.
 
-Checkpoints are tiny random models of each encoder family, saved here with a head; no tokenizer is needed.
+Checkpoints are tiny random models of each encoder family (and bertpipe's own BERT), saved here with a head;
+no tokenizer is needed.
 """
 
 from __future__ import annotations
@@ -11,13 +12,20 @@ import logging
 
 import pytest
 import torch
-from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
+from transformers import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from pipelines.config import ModelConfig, PeftConfig
-from pipelines.modeling import apply_peft, load_model, save_adapter_run
+from pipelines.modeling import apply_peft, load_model, merge_adapter, save_adapter_run
 from tests.families.builders import ENCODER_FAMILIES, _model_config
 
 VOCAB = 60
+FAMILIES = [*ENCODER_FAMILIES, "bertpipe"]
 HEADS = {
     "sequence": (AutoModelForSequenceClassification, ["negative", "neutral", "positive"], ["positive", "negative", "neutral"]),
     "token": (AutoModelForTokenClassification, ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"], ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]),
@@ -38,7 +46,13 @@ def label_maps(names: list[str]) -> dict:
 
 
 def save_checkpoint(directory, family: str, auto_class, names: list[str] | None):
-    config = _model_config(family, _Vocabulary())
+    if family == "bertpipe":
+        from models import BertpipeBertConfig
+
+        config = BertpipeBertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                                    max_position_embeddings=32, pad_token_id=_Vocabulary.pad_token_id)
+    else:
+        config = _model_config(family, _Vocabulary())
     if names is not None:
         config.update(label_maps(names))
     torch.manual_seed(0)
@@ -58,7 +72,7 @@ def logits_of(model) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("head", sorted(HEADS))
-@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_modeling_head_from_a_checkpoint_with_the_labels_in_another_order_scores_each_label_with_its_own_row(family, head, tmp_path):
     auto_class, checkpoint_labels, run_labels = HEADS[head]
     checkpoint = save_checkpoint(tmp_path / "checkpoint", family, auto_class, checkpoint_labels)
@@ -115,7 +129,9 @@ def test_modeling_head_from_an_adapter_run_with_the_labels_in_another_order_scor
     torch.testing.assert_close(logits_of(loaded), expected[..., by_run_order], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert", "modernbert"])  # heads of both kinds share module names and shapes
+# Every family: each names its head classes in its own way (DebertaV2For..., ModernBertFor..., BertpipeFor...). In
+# BERT, ALBERT, DistilBERT, DeBERTa, ModernBERT and bertpipe's own, heads of both kinds share module names and shapes.
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("head", sorted(HEADS))
 def test_modeling_head_of_another_kind_with_the_same_labels_is_new_and_says_so(family, head, tmp_path, caplog):
     """A sentence classifier's rows loaded silently into a token classifier with as many labels (and vice versa)."""
@@ -134,6 +150,24 @@ def test_modeling_head_of_another_kind_with_the_same_labels_is_new_and_says_so(f
     assert all(torch.equal(parameter, old[name]) for name, parameter in loaded.named_parameters() if name.startswith(base) and name in old)
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING and record.name == "pipelines.modeling"]
     assert len(warnings) == 1 and other_class.__name__.removeprefix("AutoModel") in warnings[0], warnings
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_modeling_token_classifier_from_a_question_answering_checkpoint_is_new_and_says_so(family, tmp_path, caplog):
+    """A QA head scores two things per token, as a token classifier of two labels does (ModernBERT: the same module
+    names and shapes). XLNet's QA class is XLNetForQuestionAnsweringSimple, which a suffix test did not see as QA."""
+    checkpoint = save_checkpoint(tmp_path / "checkpoint", family, AutoModelForQuestionAnswering, None)
+    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+        loaded = load_model(AutoModelForTokenClassification, ModelConfig(name_or_path=str(tmp_path / "checkpoint")),
+                            label_maps=label_maps(["O", "B-PER"]))
+    old, base = dict(checkpoint.named_parameters()), loaded.base_model_prefix + "."
+    head_parameters = {name for name, _ in loaded.named_parameters() if not name.startswith(base)}
+    assert head_parameters and head_parameters <= set(loaded.bertpipe_initialized_keys)
+    assert not [name for name, parameter in loaded.named_parameters()
+                if name in head_parameters and name in old and old[name].shape == parameter.shape and torch.equal(old[name], parameter)
+                and parameter.std() > 0]  # a norm's ones are the same either way
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING and record.name == "pipelines.modeling"]
+    assert len(warnings) == 1 and "a ForQuestionAnswering head" in warnings[0], warnings
 
 
 def test_modeling_question_answering_from_a_classifier_of_three_labels_has_a_start_and_an_end_output(tmp_path):
@@ -162,3 +196,75 @@ def test_modeling_head_of_another_kind_from_an_adapter_run_is_new(tmp_path):
                         label_maps=label_maps(labels))
     assert not torch.equal(loaded.classifier.weight, trained) and float(loaded.classifier.weight.std()) < 0.1
     assert {"classifier.weight", "classifier.bias"} <= set(loaded.bertpipe_initialized_keys)
+
+
+ADAPTER_LABELS = ["entailment", "neutral", "contradiction"]
+NEW_HEADS = {  # the task's head class and labels (None: QA names none), against an MNLI-like sentence-classifier adapter run
+    "qa": (AutoModelForQuestionAnswering, None),  # another kind, another number of outputs
+    "token": (AutoModelForTokenClassification, ["O", "B-PER", "I-PER"]),  # another kind, as many labels
+    "sequence": (AutoModelForSequenceClassification, ["no", "yes"]),  # the same kind, fewer labels
+}
+
+
+@pytest.fixture(scope="module")
+def adapter_runs(tmp_path_factory):
+    """Per family: a LoRA sentence-classifier run over ADAPTER_LABELS (with trained-looking adapter and head
+    weights) and the run's model with the adapter merged in; built once per family."""
+    built = {}
+
+    def build(family: str):
+        if family not in built:
+            directory = tmp_path_factory.mktemp(f"adapter-{family}")
+            save_checkpoint(directory / "base", family, AutoModel, None)  # an encoder without a head (XLNet has no MLM one)
+            peft = PeftConfig(r=4, alpha=8, dropout=0.0)
+            model = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(directory / "base"), peft=peft),
+                               label_maps=label_maps(ADAPTER_LABELS))
+            adapted = apply_peft(model, peft, "SEQ_CLS", base_model_name_or_path=str(directory / "base"))
+            torch.manual_seed(2)
+            with torch.no_grad():  # LoRA B starts at zero: without this the adapter would change nothing
+                for parameter in adapted.parameters():
+                    if parameter.requires_grad:
+                        parameter.normal_(std=0.2)
+            save_adapter_run(adapted, directory / "run")
+            built[family] = directory / "run", merge_adapter(adapted).eval()
+        return built[family]
+
+    return build
+
+
+@pytest.mark.parametrize("head", sorted(NEW_HEADS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_modeling_adapter_run_of_another_head_kind_or_label_count_gives_a_new_head_on_its_adapted_encoder_and_says_so(
+    family, head, adapter_runs, caplog
+):
+    """As for a full checkpoint. QA kept the MNLI run's three outputs (its start/end split failed mid-training with
+    a traceback), another label count was refused, and a RoBERTa/ELECTRA/XLM-R sentence head failed to load into a
+    token classifier."""
+    auto_class, labels = NEW_HEADS[head]
+    run, trained = adapter_runs(family)
+    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+        loaded = load_model(auto_class, ModelConfig(name_or_path=str(run)), label_maps=label_maps(labels) if labels else None)
+    input_ids = torch.randint(4, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        outputs = loaded.eval()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+    if labels is None:
+        assert outputs.start_logits.shape == outputs.end_logits.shape == (2, 9)
+    else:
+        assert loaded.config.id2label == dict(enumerate(labels)) and outputs.logits.shape[-1] == len(labels)
+    # The encoder is the run's, with its adapter folded in.
+    base, old = loaded.base_model_prefix + ".", trained.state_dict()
+    encoder = {name: tensor for name, tensor in loaded.state_dict().items() if name.startswith(base)}
+    assert encoder and all(torch.equal(tensor, old[name]) for name, tensor in encoder.items())
+    head_parameters = {name: parameter for name, parameter in loaded.named_parameters() if not name.startswith(base)}
+    new = set(loaded.bertpipe_initialized_keys)
+    if head == "sequence":  # as transformers does for a full checkpoint: the output layer is new, layers before it are kept
+        resized = {name for name, parameter in head_parameters.items() if old[name].shape != parameter.shape}
+        assert resized and resized <= new
+        assert all(torch.equal(parameter, old[name]) for name, parameter in head_parameters.items() if name not in new)
+    else:
+        assert head_parameters and set(head_parameters) <= new
+        assert not [name for name, parameter in head_parameters.items()
+                    if name in old and old[name].shape == parameter.shape and torch.equal(old[name], parameter) and parameter.std() > 0]
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING and record.name == "pipelines.modeling"]
+    expected = [str(ADAPTER_LABELS), str(labels)] if head == "sequence" else ["a ForSequenceClassification head"]
+    assert len(warnings) == 1 and all(text in warnings[0] for text in expected), warnings
