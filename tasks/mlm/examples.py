@@ -9,7 +9,7 @@ Out: :func:`pack_blocks`: the token stream cut into blocks of ``max_seq_length``
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -37,9 +37,12 @@ def pack_blocks(token_rows: Sequence[Sequence[int]], word_rows: Sequence[Sequenc
 
 
 def make_sentence_pairs(
-    token_rows: Sequence[Sequence[int]], max_tokens: int, rng: np.random.Generator
-) -> list[tuple[list[int], list[int], int]]:
+    token_rows: Sequence[Sequence[Any]], max_tokens: int, rng: np.random.Generator
+) -> list[tuple[list[Any], list[Any], int]]:
     """(segment A, segment B, next_sentence_label) from consecutive rows, as in BERT's pretraining data.
+
+    The rows' items are token ids, or any per-token values (``(token id, word number)`` pairs keep words
+    through the cuts): only their counts decide the cuts, so the draws are the same either way.
 
     Rows are gathered into chunks of about ``max_tokens``; a chunk of several rows is cut at a random
     row boundary, a single long row at a random token. Half the time B is replaced by a stretch of
@@ -50,7 +53,7 @@ def make_sentence_pairs(
     pairs, chunk, size = [], [], 0
     rows = [list(row) for row in token_rows if row]
 
-    def flush(chunk: list[list[int]]) -> None:
+    def flush(chunk: list[list[Any]]) -> None:
         if len(chunk) >= 2:
             cut = int(rng.integers(1, len(chunk)))
             a, b = [t for r in chunk[:cut] for t in r], [t for r in chunk[cut:] for t in r]

@@ -251,19 +251,24 @@ class MlmTask(TaskBase):
         length = self.config.data.max_seq_length
         split = self.config.data.train_split if train else self.config.data.eval_split
         columns: dict[str, list] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "special_tokens_mask": [], "word_ids": []}
+        word_rows = number_words([encoded.word_ids(i) for i in range(len(texts))])
         if self.options.next_sentence_prediction:
             rng = np.random.default_rng([self.config.seed, 0 if train else 1])
-            columns.pop("word_ids")
             columns["next_sentence_label"] = []
-            for a, b, label in make_sentence_pairs(token_rows, length - template.pair_overhead, rng):
-                ids, types, special = template.pair(a, b)
+            # Pairs are cut from (token, word number) items, so each token keeps its word through the cuts,
+            # the trimming and the random "not next" stretch (the same draws as from the tokens alone).
+            items = [list(zip(ids, words)) for ids, words in zip(token_rows, word_rows)]
+            for a, b, label in make_sentence_pairs(items, length - template.pair_overhead, rng):
+                ids, types, special = template.pair([t for t, _ in a], [t for t, _ in b])
                 special = _mark_special(ids, special, special_ids)
                 for key, value in zip(("input_ids", "token_type_ids", "special_tokens_mask", "next_sentence_label"), (ids, types, special, label)):
                     columns[key].append(value)
                 columns["attention_mask"].append([1] * len(ids))
-            # Whole words are not tracked across pair cuts; grouping falls back to tokens.
+                columns["word_ids"].append(
+                    [NO_WORD] * len(template.prefix) + [w for _, w in a] + [NO_WORD] * len(template.middle)
+                    + [w for _, w in b] + [NO_WORD] * len(template.suffix)
+                )
         else:
-            word_rows = number_words([encoded.word_ids(i) for i in range(len(texts))])
             content = length - template.single_overhead
             if self.options.packing:
                 total = sum(len(row) for row in token_rows)
@@ -294,7 +299,7 @@ class MlmTask(TaskBase):
     def _fix_eval_masks(self, columns: dict[str, list]) -> None:
         """Draw every evaluation example's mask once, from (seed, index): evaluations then agree."""
         options, mask_id, pool = self.options, self.tokenizer.mask_token_id, random_token_ids(self.tokenizer)
-        whole_words = options.whole_word_mask and "word_ids" in columns
+        whole_words = options.whole_word_mask
         columns["labels"] = []
         for index, ids in enumerate(columns["input_ids"]):
             maskable = np.asarray([columns["special_tokens_mask"][index]]) == 0

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Encod
 from pipelines.config import ConfigError
 from pipelines.errors import ModelError
 from pipelines.hub import resolve_model
-from pipelines.modeling import apply_dropout, load_model
+from pipelines.modeling import usable_positions, apply_dropout, load_model
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
     check_decoder_config,
@@ -88,10 +88,7 @@ class TranslationModelBuilding:
         location = source if model_path else resolve_model(source)
         # No fast-tokenizer requirement here: translation needs no offsets, and Marian's is sentencepiece only.
         tokenizer = AutoTokenizer.from_pretrained(location, revision=None if model_path else model.revision)
-        if self.options.src_lang:
-            tokenizer.src_lang = self.options.src_lang
-        if self.options.tgt_lang:
-            tokenizer.tgt_lang = self.options.tgt_lang
+        self._set_language_codes(tokenizer, source)
         if tokenizer.pad_token_id is None:
             raise ModelError(f"tokenizer of {source!r} has no pad token; translation batches need one")
         if self.warm_start and (tokenizer.cls_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id) is None:
@@ -100,6 +97,25 @@ class TranslationModelBuilding:
         self.output_pad_values[GENERATED_KEY] = tokenizer.pad_token_id
         self.lowercase = self.options.lowercase_metrics if self.options.lowercase_metrics is not None else tokenizer_lowercases(tokenizer)
         return tokenizer
+
+    def _set_language_codes(self, tokenizer, source: str) -> None:
+        """mBART-style ``src_lang``/``tgt_lang`` on the tokenizer, each checked: a code the tokenizer does not
+        know (``en_xx`` for ``en_XX``) becomes its unknown token in every source, label and decoder start."""
+        for key, as_target in (("src_lang", False), ("tgt_lang", True)):
+            code = getattr(self.options, key)
+            if not code:
+                continue
+            try:
+                setattr(tokenizer, key, code)
+                # An empty text is encoded as the language code and the end token alone.
+                ids = tokenizer(text_target="")["input_ids"] if as_target else tokenizer("")["input_ids"]
+            except (KeyError, ValueError) as error:  # M2M100-style tokenizers look the code up themselves
+                raise ConfigError(f"translation.{key}={code!r} is not a language code of the tokenizer of {source!r}: {error}") from None
+            if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
+                raise ConfigError(
+                    f"translation.{key}={code!r} is not a language code of the tokenizer of {source!r}: it encodes as the "
+                    f"unknown token {tokenizer.unk_token!r} (codes are case-sensitive, e.g. en_XX)"
+                )
 
     def _special_ids(self) -> dict[str, int]:
         """BERT2BERT: [CLS] starts the decoder, [SEP] ends it (BOS/EOS for tokenizers without them)."""
@@ -183,6 +199,7 @@ class TranslationModelBuilding:
             if token_id is None or token_id == self.tokenizer.unk_token_id:
                 raise ConfigError(f"translation.forced_bos_token={self.options.forced_bos_token!r} is not in the tokenizer's vocabulary")
             gen.forced_bos_token_id = token_id
+        self._check_generation_length(model)
         gen.num_beams = self.options.num_beams
         gen.max_new_tokens = self.options.max_new_tokens
         gen.max_length = None  # a checkpoint's max_length (or the 20-token default) must not cap max_new_tokens
@@ -196,3 +213,17 @@ class TranslationModelBuilding:
         # pipeline("translation") truncates sources where training and predict do, not at the tokenizer's
         # model_max_length (often far longer than data.max_seq_length).
         model.config.max_source_length = self.config.data.max_seq_length
+
+    def _check_generation_length(self, model: PreTrainedModel) -> None:
+        """A hypothesis that never ends feeds the decoder ``max_new_tokens`` positions (its start token and
+        all but the last generated one); past a learned position table generate() fails with a shape error,
+        and only when some translation runs that long: mid-evaluation, after the training it was to score."""
+        config = model.config
+        decoder = config.decoder if config.model_type == "encoder-decoder" else config
+        usable = usable_positions(decoder)
+        if usable is not None and self.options.max_new_tokens > usable:
+            raise ConfigError(
+                f"translation.max_new_tokens={self.options.max_new_tokens} exceeds the {usable} positions of the decoder "
+                f"(max_position_embeddings in the config of {getattr(config, '_name_or_path', '') or 'the model'}): a translation "
+                f"that long would fail mid-generation; set translation.max_new_tokens to at most {usable}"
+            )

@@ -12,6 +12,7 @@ Out: pairs as ``source_lang``/``target_lang`` columns (empty pairs refused or sk
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import Any, ClassVar
@@ -168,7 +169,12 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
     def collator(self, *, train: bool):
         if train:
             # With the model it also builds decoder_input_ids (labels shifted right behind the decoder start).
-            return DataCollatorForSeq2Seq(self.tokenizer, model=self.model, label_pad_token_id=-100)
+            # It pads labels on the tokenizer's padding side: on the left, the decoder would read pad tokens
+            # between its start and the first word of every shorter target (unmasked: the decoder gets no
+            # attention mask), which generation never shows it. A right-padding copy; the run's own stays as is.
+            tokenizer = copy.copy(self.tokenizer)
+            tokenizer.padding_side = "right"
+            return DataCollatorForSeq2Seq(tokenizer, model=self.model, label_pad_token_id=-100)
         padding = DataCollatorWithPadding(self.tokenizer)
 
         def generation_inputs(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

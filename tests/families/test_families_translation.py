@@ -88,3 +88,19 @@ def test_families_translation_lora_attaches_without_naming_target_modules(family
     ids = torch.tensor([[5, 6, 7, 2]])
     wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in wrapped.named_parameters() if "lora_B" in n)
+
+
+@pytest.mark.parametrize("key, code", [("src_lang", "de_de"), ("tgt_lang", "en_xx")])
+def test_families_translation_mbart_language_code_the_tokenizer_lacks_is_refused(key, code, family_checkpoint, tmp_path):
+    """A mistyped code is no error to the tokenizer: it becomes <unk> in every source, label and decoder start."""
+    from pipelines.config import ConfigError, load_config
+    from tasks import get_task
+    from tests.families.matrix import write_config
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", translation_rows(4, 1))}
+    options = {"src_lang": "de_DE", "tgt_lang": "en_XX", key: code}
+    config = write_config(tmp_path, "translation", family_checkpoint("mbart"), files,
+                          section=f"translation: {{src_lang: {options['src_lang']}, tgt_lang: {options['tgt_lang']}}}")
+    task = get_task("translation")(load_config(config, [], lambda name: get_task(name).Options))
+    with pytest.raises(ConfigError, match=rf"translation\.{key}='{code}' is not a language code of the tokenizer"):
+        task.build_tokenizer(None)

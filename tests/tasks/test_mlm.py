@@ -407,6 +407,34 @@ def test_mlm_next_sentence_prediction_builds_pairs(tmp_path, corpus_file):
     assert set(outputs) == {"masked_loss_sum", "masked_tokens", "masked_correct", "nsp_correct"}
 
 
+def test_mlm_next_sentence_pairs_mask_whole_words_when_asked(tmp_path, corpus_file):
+    """With NSP the words must survive the pair cuts: a ``##`` piece is a target exactly when the piece
+    before it (same segment) is, in training batches and in the fixed evaluation masks."""
+    config = mlm_config(tmp_path, corpus_file, "mlm.next_sentence_prediction=true", "mlm.whole_word_mask=true",
+                        "mlm.mlm_probability=0.3", "mlm.tokenizer_vocab_size=60")
+    task = MlmTask(config)
+    raw = task.load()
+    tokenizer = task.build_tokenizer(raw)
+    plain = MlmTask(mlm_config(tmp_path, corpus_file, "mlm.next_sentence_prediction=true", "mlm.mlm_probability=0.3"))
+    plain.tokenizer = tokenizer
+    train = task.preprocess(raw["train"], train=True)
+    assert train["input_ids"] == plain.preprocess(raw["train"], train=True)["input_ids"]  # the same pairs as without words
+    labels = task.collator(train=True)([train[i] for i in range(len(train))])["labels"].tolist()
+    evaluation = task.preprocess(raw["validation"], train=False)
+    # Evaluation inputs are already corrupted: a target's own token is its label.
+    uncorrupted = [[i if l == IGNORE_INDEX else l for i, l in zip(ids, ls)] for ids, ls in zip(evaluation["input_ids"], evaluation["labels"])]
+    for ids_rows, specials, targets in ((train["input_ids"], train["special_tokens_mask"], labels),
+                                        (uncorrupted, evaluation["special_tokens_mask"], evaluation["labels"])):
+        pieces = joined = 0
+        for ids, special, target in zip(ids_rows, specials, targets):
+            tokens = tokenizer.convert_ids_to_tokens(ids)
+            for position in range(1, len(ids)):
+                if tokens[position].startswith("##") and not special[position - 1]:
+                    pieces += 1
+                    joined += (target[position] != IGNORE_INDEX) == (target[position - 1] != IGNORE_INDEX)
+        assert pieces > 100 and joined == pieces, (pieces, joined)
+
+
 # ----- bad input ---------------------------------------------------------------------------------
 def test_mlm_empty_corpus_is_an_error(tmp_path):
     corpus = tmp_path / "empty.txt"

@@ -13,7 +13,7 @@ import sacrebleu
 import torch
 from datasets import Dataset
 
-from pipelines.config import load_config
+from pipelines.config import ConfigError, load_config
 from pipelines.errors import DataError
 from pipelines.errors import ModelError
 from pipelines.metrics import load_metric
@@ -217,16 +217,21 @@ def test_translation_tokenizer_lowercases_detects_uncased_wordpiece(tiny_bert, t
     assert not tokenizer_lowercases(AutoTokenizer.from_pretrained(build_tiny_marian(tmp_path / "marian")))
 
 
-def test_translation_collator_pads_labels_with_minus_100_and_shifts_decoder_inputs(tmp_path, tiny_bert):
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_translation_collator_pads_labels_with_minus_100_and_shifts_decoder_inputs(tmp_path, tiny_bert, padding_side):
+    """Labels are padded on the right whatever the tokenizer's padding side: left-padded labels would put
+    pad tokens between the decoder start and the first word of every shorter target in a batch."""
     task = make_task(tmp_path, tiny_bert)
     raw = task.load()
     tokenizer = task.build_tokenizer(raw)
+    tokenizer.padding_side = padding_side  # a checkpoint may ship a left-padding tokenizer
     features = task.preprocess(raw["train"], train=True)
     model = task.build_model(raw)
     cls, sep, pad = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
     assert all(ids[0] != cls and ids[-1] == sep for ids in features["labels"])  # [CLS] is the decoder start, not a label
     batch = task.collator(train=True)([features[i] for i in range(6)])
     lengths = [len(features[i]["labels"]) for i in range(6)]
+    assert len(set(lengths)) > 1
     assert set(batch) == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
     for row, length in enumerate(lengths):
         assert (batch["labels"][row, length:] == -100).all() and (batch["labels"][row, :length] != -100).all()
@@ -234,6 +239,7 @@ def test_translation_collator_pads_labels_with_minus_100_and_shifts_decoder_inpu
     shifted = batch["labels"][:, :-1].masked_fill(batch["labels"][:, :-1] == -100, pad)
     assert torch.equal(batch["decoder_input_ids"][:, 1:], shifted)
     assert model(**batch).loss.item() > 0
+    assert tokenizer.padding_side == padding_side  # the run's tokenizer (saved with it) is left as it came
     eval_batch = task.collator(train=False)([features[i] for i in range(3)])
     assert set(eval_batch) == {"input_ids", "attention_mask"}
 
@@ -268,6 +274,21 @@ def test_translation_bert2bert_sets_special_tokens_and_generation_settings(tmp_p
     inputs = tokenizer(["film story plot"], return_tensors="pt", return_token_type_ids=False)
     long_run = reloaded.generate(**inputs, max_new_tokens=30, min_new_tokens=30, num_beams=1)
     assert long_run.shape[1] == 31
+
+
+def test_translation_max_new_tokens_past_the_decoders_positions_is_refused_before_training(tmp_path, tiny_bert):
+    """tiny_bert has 64 positions: 64 new tokens fit, 65 would fail inside generate() mid-evaluation."""
+    task = make_task(tmp_path, tiny_bert, overrides=["translation.max_new_tokens=64", "translation.num_beams=1"])
+    raw = task.load()
+    tokenizer = task.build_tokenizer(raw)
+    model = task.build_model(raw).eval()
+    inputs = tokenizer(["film story plot"], return_tensors="pt", return_token_type_ids=False)
+    assert model.generate(**inputs, min_new_tokens=64).shape[1] == 65  # the decoder start + 64: the limit is exact
+
+    too_long = make_task(tmp_path, tiny_bert, overrides=["translation.max_new_tokens=65"])
+    too_long.build_tokenizer(raw)
+    with pytest.raises(ConfigError, match=r"translation\.max_new_tokens=65 exceeds the 64 positions of the decoder.*at most 64"):
+        too_long.build_model(raw)
 
 
 def test_translation_tied_bert2bert_shares_weights_and_survives_reload(tmp_path, tiny_bert):
