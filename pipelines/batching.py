@@ -9,11 +9,13 @@ random permutation is cut into mega-batches of ``batch_size * mega_batch_factor`
 sorted by length and cut into batches, and then the order of *all* batches is shuffled. Padding
 drops sharply while every batch is still a random draw from a random stretch of the data.
 Evaluation batches are sorted by length; :attr:`SortedBatchSampler.order` lets the caller put
-predictions back into dataset order.
+predictions back into dataset order. A model whose outputs change with padding is evaluated one example
+per batch (:func:`exact_eval_batch_size`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -22,6 +24,8 @@ from datasets import Dataset
 from torch.utils.data import DataLoader, Sampler
 
 from pipelines.config import TRAINER_LENGTH_GROUP_BATCHES
+
+logger = logging.getLogger(__name__)
 
 
 def feature_lengths(features: Dataset, column: str = "input_ids") -> np.ndarray:
@@ -128,3 +132,68 @@ def eval_dataloader(features: Dataset, collator: Callable, batch_size: int, *, n
         generator=torch.Generator().manual_seed(0),
     )
     return loader, sampler
+
+
+# Larger than fp32 round-off between batch shapes (~1e-6 on BERT logits), far below what a model that mixes
+# padding into its outputs shows (Funnel's pooling: ~0.5 on a 2-layer model).
+PADDING_TOLERANCE = 1e-4
+
+
+def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Callable, features: Dataset, *, probes: int = 4) -> float:
+    """The largest change in ``predict_step``'s outputs for a few features of different lengths when each is
+    predicted beside the others (padded to the longest) rather than alone; 0.0 with fewer than two lengths.
+
+    Most encoders mask padding out exactly. A model that does not (Funnel pools neighbouring positions,
+    FNet mixes every position by Fourier transform, remote code may do anything) gives an example other
+    outputs in an eval batch than alone, as ``pipeline()`` runs it, so its metrics and ``predict`` depend on
+    which examples share a batch. Runs in eval mode without gradients, on the model's device.
+    """
+    lengths = feature_lengths(features)
+    by_length = {int(length): index for index, length in enumerate(lengths)}
+    if len(by_length) < 2:
+        return 0.0
+    chosen = [by_length[length] for length in sorted(by_length)]
+    # The shortest and longest, and lengths between: the shortest gets the most padding.
+    picked = sorted({chosen[round(i * (len(chosen) - 1) / (probes - 1))] for i in range(probes)})
+    rows = [features[index] for index in picked]
+    device = next(model.parameters(), torch.empty(0)).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            def outputs(batch_rows):
+                batch = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in collator(batch_rows).items()}
+                return {key: value.float().cpu() for key, value in predict_step(model, batch).items()}
+
+            together = outputs(rows)
+            change = 0.0
+            for position, row in enumerate(rows):
+                for key, alone in outputs([row]).items():
+                    beside = together[key][position][tuple(slice(0, size) for size in alone.shape[1:])]
+                    if beside.shape != alone.shape[1:]:  # e.g. a generation that went on longer alone
+                        return float("inf")
+                    change = max(change, (alone[0] - beside).abs().max().item())
+    finally:
+        model.train(was_training)
+    return change
+
+
+def exact_eval_batch_size(predict_step: Callable, model: torch.nn.Module, collator: Callable, features: Dataset, batch_size: int,
+                          *, where: str) -> int:
+    """``batch_size``, or 1 (with a warning naming ``where``) when padding changes the model's outputs
+    (:func:`padding_change`): each example is then evaluated and predicted as it is alone, as ``pipeline()``
+    runs it, whatever shares its batch."""
+    # An ONNX export is not checked here: int8 scales follow each batch's values, and `bertpipe export`
+    # measures its own error across batchings.
+    if batch_size == 1 or not isinstance(model, torch.nn.Module):
+        return batch_size
+    change = padding_change(predict_step, model, collator, features)
+    if change <= PADDING_TOLERANCE:
+        return batch_size
+    logger.warning(
+        "%s: this %s model's outputs change by up to %.3g when an example is padded beside longer ones (its padding is "
+        "not masked out exactly); evaluating and predicting one example per batch instead of %d, so that every "
+        "example gets the outputs it has alone, as pipeline() gives them",
+        where, getattr(getattr(model, "config", None), "model_type", type(model).__name__), change, batch_size,
+    )
+    return 1

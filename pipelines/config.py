@@ -108,9 +108,10 @@ _EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-
 
 class ModelConfig(Section):
     name_or_path: str | None = None
-    """Hub id, mirror id or local folder (a finished bertpipe run works too: its head, trained for the same labels
-    in another order, is reordered to this run's labels; for other labels, or a head of another kind (a sentence
-    classifier's for NER), a new head starts, with a warning)."""
+    """Hub id, mirror id or local folder (a finished bertpipe run works too, a LoRA/IA3 adapter run as well: its
+    head, trained for the same labels in another order, is reordered to this run's labels; for other labels,
+    another number of labels, or a head of another kind (a sentence classifier's for NER or QA), a new head
+    starts, with a warning)."""
     tokenizer_name_or_path: str | None = None
     """A different tokenizer (default: the model's)."""
     revision: str | None = None

@@ -30,7 +30,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from pipelines import outputs
-from pipelines.batching import eval_dataloader, train_dataloader
+from pipelines.batching import eval_dataloader, exact_eval_batch_size, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
     CheckpointError, TrainerState, check_resume_config, complete_checkpoints, find_checkpoint, load_checkpoint, save_checkpoint,
@@ -113,7 +113,8 @@ def train(
         # saving and best-model reloading work unchanged. Shapes vary per batch: after the first
         # recompile torch marks them dynamic instead of compiling every new length.
         model.compile(backend=config.train.compile_backend)
-    eval_batch_size = config.train.eval_batch_size_or_default
+    eval_batch_size = exact_eval_batch_size(task.predict_step, model, task.collator(train=False), eval_features,
+                                            config.train.eval_batch_size_or_default, where=f"output_dir {run_dir}")
     train_loader, train_sampler = train_dataloader(
         train_features, _train_collator(config, task, model, train_features), config.train.batch_size,
         seed=config.seed, group_by_length=config.train.group_by_length and not config.train.pack_sequences,

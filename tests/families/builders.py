@@ -9,7 +9,8 @@ Tokenizers are trained with the ``tokenizers`` library on :func:`family_corpus` 
 that names and long words split into several pieces, which is where the defects live) and wrapped in the
 family's own transformers 5 class, built the way ``from_pretrained`` builds it from a converted checkpoint:
   * WordPiece (BERT, DistilBERT, ELECTRA): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend;
-    MPNet: ``MPNetTokenizer(vocab=...)`` with its RoBERTa-style ``<s> A </s></s> B </s>``;
+    MPNet: ``MPNetTokenizer(vocab=...)`` with its RoBERTa-style ``<s> A </s></s> B </s>``; Funnel:
+    ``FunnelTokenizer(vocab=...)`` (``<cls>`` of token type 2);
   * byte-level BPE (RoBERTa, BART): ``RobertaTokenizer(vocab=..., merges=...)``;
   * byte-level BPE behind the generic ``PreTrainedTokenizerFast`` (ModernBERT's tokenizer.json: BERT-style
     special tokens, a template post-processor that does not trim offsets);
@@ -29,13 +30,16 @@ from pathlib import Path
 
 ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert", "mpnet", "xlnet"]
 MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # XLNet pretrains by permutation LM
+# Outputs that change when an example is padded (Funnel pools neighbouring positions): checked where padding
+# matters, since transformers' own Funnel fails on inputs of one or two pieces that other cells feed it.
+PADDING_DEPENDENT_FAMILIES = ["funnel"]
 SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "bert2bert"]
-FAMILIES = ENCODER_FAMILIES + SEQ2SEQ_FAMILIES
+FAMILIES = ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES + SEQ2SEQ_FAMILIES
 TOKENIZER_KIND = {
     "bert": "WordPiece", "distilbert": "WordPiece", "electra": "WordPiece", "bert2bert": "WordPiece",
     "roberta": "byte-level BPE", "bart": "byte-level BPE", "modernbert": "byte-level BPE (generic class)",
     "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram",
-    "mpnet": "WordPiece", "xlnet": "Unigram",
+    "mpnet": "WordPiece", "xlnet": "Unigram", "funnel": "WordPiece",
     "marian": "sentencepiece (slow)",
 }
 
@@ -164,6 +168,11 @@ def build_tokenizer(family: str):
         from transformers import XLNetTokenizer
 
         return XLNetTokenizer(vocab=_unigram_vocab(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"]), model_max_length=128)
+    if family == "funnel":  # WordPiece; <cls> gets token type 2
+        from transformers import FunnelTokenizer
+
+        vocab = _wordpiece_backend(["<pad>", "<unk>", "<cls>", "<sep>", "<mask>", "<s>", "</s>"], template=False).get_vocab()
+        return FunnelTokenizer(vocab=vocab, unk_token="<unk>", model_max_length=128)
     if family == "albert":
         return AlbertTokenizer(vocab=_unigram_vocab(["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"], lowercase=True), model_max_length=128)
     if family == "deberta-v2":
@@ -225,6 +234,9 @@ def _model_config(family: str, tokenizer):
         return tf.MPNetConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
     if family == "xlnet":
         return tf.XLNetConfig(vocab_size=vocab, d_model=32, n_layer=2, n_head=2, d_inner=64, bos_token_id=1, eos_token_id=2, **ids)
+    if family == "funnel":
+        return tf.FunnelConfig(vocab_size=vocab, block_sizes=[1, 1], d_model=32, n_head=2, d_head=16, d_inner=64, num_decoder_layers=1,
+                               max_position_embeddings=128, **ids)
     if family == "albert":
         return tf.AlbertConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=128, **size, **ids)
     if family == "deberta-v2":  # v3 layout: relative positions, no absolute position embedding
@@ -266,7 +278,7 @@ def build_family(family: str, directory: Path) -> Path:
         model = AutoModelForSeq2SeqLM.from_config(config)
     elif family == "xlnet":
         model = AutoModelForCausalLM.from_config(config)  # XLNet is pretrained by permutation LM, not MLM
-    elif family in ENCODER_FAMILIES:
+    elif family in ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES:
         model = AutoModelForMaskedLM.from_config(config)  # released encoders carry their MLM head
     else:
         model = AutoModel.from_config(config)

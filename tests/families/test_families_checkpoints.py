@@ -12,6 +12,7 @@ EXPECTED_CLASS = {
     "roberta": "RobertaTokenizer", "bart": "RobertaTokenizer", "modernbert": "TokenizersBackend",
     "albert": "AlbertTokenizer", "deberta-v2": "DebertaV2Tokenizer", "xlm-roberta": "XLMRobertaTokenizer",
     "t5": "T5Tokenizer", "mbart": "MBartTokenizer", "marian": "MarianTokenizer", "mpnet": "MPNetTokenizer", "xlnet": "XLNetTokenizer",
+    "funnel": "FunnelTokenizer",
 }
 BACKEND_MODEL = {"WordPiece": "WordPiece", "byte-level BPE": "BPE", "byte-level BPE (generic class)": "BPE", "Unigram": "Unigram"}
 

@@ -20,7 +20,7 @@ from pipelines.config import ModelConfig, PeftConfig
 from pipelines.modeling import apply_peft, count_parameters, load_model
 from pipelines.runtime import layer_classes_to_wrap
 from tests.conftest import write_jsonl
-from tests.families.builders import ENCODER_FAMILIES, MLM_FAMILIES
+from tests.families.builders import ENCODER_FAMILIES, MLM_FAMILIES, PADDING_DEPENDENT_FAMILIES
 from tests.families.matrix import card_code, mlm_lines, run_card_code, piece_word, predict, qa_rows, sentiment_rows, train, word_spans
 
 LABELS = {"num_labels": 3, "id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
@@ -118,7 +118,7 @@ def test_families_pair_regression_predict_and_pipeline_give_the_same_raw_score(f
     assert predicted == pytest.approx(raw, abs=1e-4)
 
 
-@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+@pytest.mark.parametrize("family", ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES)
 def test_families_qa_spans_are_exact_everywhere(family, family_checkpoint, tmp_path):
     from tasks import load_tasks
 
@@ -154,7 +154,7 @@ def test_families_qa_spans_are_exact_everywhere(family, family_checkpoint, tmp_p
         assert printed.strip() == row["answer"], (family, question["question"])
 
 
-@pytest.mark.parametrize("family", MLM_FAMILIES)
+@pytest.mark.parametrize("family", MLM_FAMILIES + PADDING_DEPENDENT_FAMILIES)
 def test_families_mlm_whole_word_masks_and_fill_mask_agree(family, family_checkpoint, tmp_path):
     from pipelines.config import load_config
     from tasks import get_task
