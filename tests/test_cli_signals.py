@@ -20,16 +20,21 @@ PINNED = {"mixed_precision": "no", "torch_num_threads": 1}
 def test_cli_signals_ctrl_c_before_the_first_checkpoint_leaves_a_run_whose_rerun_says_what_works(tmp_path, tiny_bert, sentiment_files):
     # No checkpoint yet (train.save_steps unset): the refusal sent the user to
     # train.resume_from_checkpoint=latest, which only failed in turn ("holds no complete checkpoint").
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=200, logging_steps=1, eval_steps=None, **PINNED)
+    # More steps than the test waits for: on a loaded machine (CI's other worker) this process may poll the log
+    # only seconds after the first loss, and a run of 200 steps had then finished before the Ctrl-C came.
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=100_000, logging_steps=1, eval_steps=None, **PINNED)
     process = subprocess.Popen([sys.executable, "-c", SLOW_TRAINING, "train", str(config)], cwd=REPO_ROOT, env=cli_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = tmp_path / "run" / "log.jsonl"
-    deadline = time.monotonic() + 120
-    while not (log.is_file() and "loss" in log.read_text()):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-        time.sleep(0.01)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    try:
+        log = tmp_path / "run" / "log.jsonl"
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and "loss" in log.read_text()):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
     assert process.returncode == 130, stderr[-3000:]
 
     rerun = run_cli("train", str(config), check=False)
