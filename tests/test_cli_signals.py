@@ -20,11 +20,13 @@ PINNED = {"mixed_precision": "no", "torch_num_threads": 1}
 def test_cli_signals_ctrl_c_before_the_first_checkpoint_leaves_a_run_whose_rerun_says_what_works(tmp_path, tiny_bert, sentiment_files):
     # No checkpoint yet (train.save_steps unset): the refusal sent the user to
     # train.resume_from_checkpoint=latest, which only failed in turn ("holds no complete checkpoint").
-    # More steps than the test waits for: on a loaded machine (CI's other worker) this process may poll the log
-    # only seconds after the first loss, and a run of 200 steps had then finished before the Ctrl-C came.
+    # More steps than the test waits for, so that the run ends by the Ctrl-C or not at all. The child gets SIGINT's
+    # default disposition, as from a terminal: it inherits the parent's, and a pytest-xdist worker ignores SIGINT
+    # (Python then leaves it ignored, and the run trained to its end whatever the test sent).
     config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=100_000, logging_steps=1, eval_steps=None, **PINNED)
     process = subprocess.Popen([sys.executable, "-c", SLOW_TRAINING, "train", str(config)], cwd=REPO_ROOT, env=cli_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         log = tmp_path / "run" / "log.jsonl"
         deadline = time.monotonic() + 120
