@@ -37,7 +37,6 @@ import collections
 import contextlib
 import importlib
 import logging
-import os
 import shutil
 import tempfile
 import warnings
@@ -51,7 +50,7 @@ from pipelines.batching import SortedBatchSampler, feature_lengths
 from pipelines.config import RunConfig
 from pipelines.modeling import MERGED_DIR, is_adapter_dir, is_peft_model
 from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime, inference_session, is_export_dir
-from pipelines.outputs import METRICS_FILE, save_config, write_json
+from pipelines.outputs import METRICS_FILE, replacing_folder, save_config, write_json
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
@@ -345,8 +344,6 @@ def export_run(
             "opset": _opset_of(fp32_path), "inputs": input_names, "outputs": list(output_names),
             "dynamic_axes": {"0": "batch", "1": "sequence"}, "precision": "fp32",
         }
-        staged = staging / "stage"
-        staged.mkdir()
         fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference, threshold, rows, batchings)
         summary["parity"] = {
             "against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count,
@@ -384,26 +381,15 @@ def export_run(
                         "attention-weighted values)",
             })
             summary["parity"]["int8"] = int8_parity
-        shutil.move(str(final), staged / ONNX_FILE)
-        summary["size_bytes"] = (staged / ONNX_FILE).stat().st_size
-        tokenizer.save_pretrained(staged)
-        model.config.save_pretrained(staged)
-        save_config(config, staged)
-        write_json(staged / EXPORT_FILE, summary)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        # An earlier export (--overwrite) is renamed aside, not deleted first: a kill between deleting it and
-        # moving the new one in kept neither.
-        replaced = out_dir.with_name(f".{out_dir.name}.replaced")
-        shutil.rmtree(replaced, ignore_errors=True)
-        if out_dir.exists():
-            os.replace(out_dir, replaced)
-        try:
-            shutil.move(str(staged), out_dir)
-        except BaseException:
-            if replaced.exists() and not out_dir.exists():
-                os.replace(replaced, out_dir)
-            raise
-        shutil.rmtree(replaced, ignore_errors=True)
+        # An earlier export (--overwrite) is swapped out only once the new one is whole: deleted first, a kill
+        # between deleting it and moving the new one in kept neither.
+        with replacing_folder(out_dir) as staged:
+            shutil.move(str(final), staged / ONNX_FILE)
+            summary["size_bytes"] = (staged / ONNX_FILE).stat().st_size
+            tokenizer.save_pretrained(staged)
+            model.config.save_pretrained(staged)
+            save_config(config, staged)
+            write_json(staged / EXPORT_FILE, summary)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return summary

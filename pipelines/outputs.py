@@ -297,8 +297,8 @@ def replacing_folder(folder: Path) -> Iterator[Path]:
     """Yields an empty staging folder ``.<name>.partial`` beside ``folder``; once the block has ended
     without an error it becomes ``folder``, and what was there before is deleted.
 
-    ``bertpipe merge`` and ``model.peft.merge`` rewrite ``merged/``: written in place, a kill mid-write
-    over an earlier merge left a model that did not load. The old folder is renamed aside
+    ``bertpipe merge`` and ``model.peft.merge`` rewrite ``merged/``, ``bertpipe export --overwrite`` its
+    ``--out``: written in place, a kill mid-write over an earlier one left a model that did not load. The old folder is renamed aside
     (``.<name>.old.partial``) before the new one is renamed in, and deleted after; a kill between the two
     renames leaves it there, and the next call puts it back before starting. Both names end in
     ``.partial``, which ``publish`` never uploads.
@@ -320,7 +320,13 @@ def replacing_folder(folder: Path) -> Iterator[Path]:
         raise
     if folder.exists():
         os.replace(folder, aside)
-    os.replace(staging, folder)
+    try:
+        os.replace(staging, folder)
+    except BaseException:  # Ctrl-C between the two renames: the earlier folder goes back now
+        if aside.exists() and not folder.exists():
+            os.replace(aside, folder)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     shutil.rmtree(aside, ignore_errors=True)
 
 

@@ -10,6 +10,7 @@ unchanged. Runs train in-process for a few steps (fp32 pinned: the numbers compa
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -267,20 +268,20 @@ def test_export_multi_label_parity_counts_labels_switched_on_or_off(tmp_path, mo
 def test_export_overwrite_interrupted_as_the_new_export_moves_in_keeps_the_old_one(runs, tmp_path, monkeypatch):
     """``export --overwrite`` deleted the earlier export before moving the new one in: Ctrl-C or a kill between
     the two kept neither. The earlier export is renamed aside until the new one is in place."""
-    import pipelines.export as export_module
+    import pipelines.outputs as outputs_module
 
     out = tmp_path / "onnx"
     export(runs["classification"], out, parity_samples=2)
     before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
 
-    move = shutil.move
+    replace = os.replace
 
     def interrupted(source, destination):
-        if Path(destination) == out:  # the finished export moving in
+        if Path(destination) == out and Path(source).name != f".{out.name}.old.partial":  # the finished export moving in
             raise KeyboardInterrupt
-        return move(source, destination)
+        return replace(source, destination)
 
-    monkeypatch.setattr(export_module.shutil, "move", interrupted)
+    monkeypatch.setattr(outputs_module.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         export(runs["classification"], out, parity_samples=2, overwrite=True)
     assert {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
