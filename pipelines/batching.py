@@ -179,15 +179,20 @@ def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Cal
 
 
 def exact_eval_batch_size(predict_step: Callable, model: torch.nn.Module, collator: Callable, features: Dataset, batch_size: int,
-                          *, where: str) -> int:
+                          *, where: str, accelerator=None) -> int:
     """``batch_size``, or 1 (with a warning naming ``where``) when padding changes the model's outputs
     (:func:`padding_change`): each example is then evaluated and predicted as it is alone, as ``pipeline()``
-    runs it, whatever shares its batch."""
+    runs it, whatever shares its batch. With an ``accelerator`` of several processes, every process gets the
+    same answer: the largest change any of them measured."""
     # An ONNX export is not checked here: int8 scales follow each batch's values, and `bertpipe export`
     # measures its own error across batchings.
     if batch_size == 1 or not isinstance(model, torch.nn.Module):
         return batch_size
     change = padding_change(predict_step, model, collator, features)
+    if accelerator is not None and accelerator.num_processes > 1:
+        # Each process probes alike, but a change near the tolerance can round to either side of it; processes
+        # that chose different eval batch sizes would wait for each other's collectives forever.
+        change = accelerator.gather(torch.tensor([change], device=accelerator.device)).max().item()
     if change <= PADDING_TOLERANCE:
         return batch_size
     logger.warning(

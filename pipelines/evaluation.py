@@ -138,9 +138,9 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
     return accelerator, model
 
 
-def _eval_batch_size(config: RunConfig, task: Task, model, features, run_dir: str) -> int:
+def _eval_batch_size(config: RunConfig, task: Task, accelerator, model, features, run_dir: str) -> int:
     return exact_eval_batch_size(task.predict_step, model, task.collator(train=False), features,
-                                 config.train.eval_batch_size_or_default, where=run_dir)
+                                 config.train.eval_batch_size_or_default, where=run_dir, accelerator=accelerator)
 
 
 def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str = "fp32") -> dict[str, float]:
@@ -153,7 +153,7 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
     # positions training checked: the forward pass would fail mid-evaluation with a shape error.
     split = config.data.eval_split
     check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
-    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, model, features, run_dir))
+    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir))
     model, loader = accelerator.prepare(model, loader)
     started = time.perf_counter()
     predictions, metrics = evaluate(
@@ -179,7 +179,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     examples = task.load_inputs(input_path)
     features = task.preprocess(examples, train=False, inputs=True)
     check_sequence_lengths(model.config, features, where=f"--input {input_path}")
-    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, model, features, run_dir))
+    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir))
     model, loader = accelerator.prepare(model, loader)
     outputs = run_predictions(
         accelerator, model, loader, task, order=sampler.order, description="predict", mixed_precision=accelerator.mixed_precision != "no"

@@ -114,7 +114,8 @@ def train(
         # recompile torch marks them dynamic instead of compiling every new length.
         model.compile(backend=config.train.compile_backend)
     eval_batch_size = exact_eval_batch_size(task.predict_step, model, task.collator(train=False), eval_features,
-                                            config.train.eval_batch_size_or_default, where=f"output_dir {run_dir}")
+                                            config.train.eval_batch_size_or_default, where=f"output_dir {run_dir}",
+                                            accelerator=accelerator)
     train_loader, train_sampler = train_dataloader(
         train_features, _train_collator(config, task, model, train_features), config.train.batch_size,
         seed=config.seed, group_by_length=config.train.group_by_length and not config.train.pack_sequences,

@@ -63,6 +63,24 @@ sys.exit(main(["train", *sys.argv[1:]]))
 """
 
 
+# scripts/train.py, with rank 1 alone measuring that padding changes the model's outputs (as a change right at
+# the tolerance could, rounding differently per process), and each rank's eval batch size recorded.
+PROBE_DISAGREEING_TRAIN_SCRIPT = f"""
+import json, os, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+import pipelines.batching as batching
+batching.padding_change = lambda *args, **kwargs: 1.0 if os.environ["RANK"] == "1" else 0.0
+chosen = batching.exact_eval_batch_size
+def recording_exact_eval_batch_size(*args, **kwargs):
+    size = chosen(*args, **kwargs)
+    with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{os.environ['RANK']}}.json"), "w") as handle:
+        json.dump({{"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]), "eval_batch_size": size}}, handle)
+    return size
+batching.exact_eval_batch_size = recording_exact_eval_batch_size
+from tasks.cli import main
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -170,6 +188,26 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
     for name, tensor in expected.items():
         assert (weights[name] - tensor).abs().max().item() <= 1e-6, name
 
+
+def test_cli_two_processes_evaluate_one_example_per_batch_when_either_sees_padding_change_the_outputs(
+    runs, tmp_path, tiny_bert, sentiment_files
+):
+    """Processes that chose different eval batch sizes would wait for each other's collectives forever."""
+    script = tmp_path / "train_probe_disagreeing.py"
+    script.write_text(PROBE_DISAGREEING_TRAIN_SCRIPT)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="probed", num_epochs=2, eval_steps=6,
+                                   mixed_precision="no", torch_num_threads=1)
+    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
+                     "--main_process_port", str(free_port()))
+    try:
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr[-4000:]
+    assert [(r["rank"], r["world_size"], r["eval_batch_size"]) for r in ranks_of(tmp_path / "ranks")] == [(0, 2, 1), (1, 2, 1)]
+    probed, batched = (json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "probed", runs["one"]))
+    assert probed["eval_samples"] == batched["eval_samples"] == 37
+    assert probed["eval_accuracy"] == pytest.approx(batched["eval_accuracy"], rel=1e-6)
 
 @pytest.mark.parametrize("failing_rank", ["all", "1"])
 def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentiment_files, failing_rank):

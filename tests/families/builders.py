@@ -199,18 +199,20 @@ def _marian_tokenizer():
     import sentencepiece as spm
     from transformers import MarianTokenizer
 
-    folder = Path(tempfile.mkdtemp(prefix="tiny-marian-spm-"))
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(family_corpus()), model_prefix=str(folder / "spm"), vocab_size=160, model_type="unigram",
-        pad_id=-1, unk_id=1, bos_id=-1, eos_id=0, eos_piece="</s>", hard_vocab_limit=False, character_coverage=1.0, minloglevel=2,
-    )
-    vocab = {"</s>": 0, "<unk>": 1}
-    for line in (folder / "spm.vocab").read_text().splitlines():
-        vocab.setdefault(line.split("\t")[0], len(vocab))
-    vocab["<pad>"] = len(vocab)
-    (folder / "vocab.json").write_text(json.dumps(vocab))
-    model_file = str(folder / "spm.model")
-    return MarianTokenizer(model_file, model_file, str(folder / "vocab.json"), source_lang="de", target_lang="en")
+    # The tokenizer keeps the sentencepiece model in memory (and saves it from there): its files need not outlive it.
+    with tempfile.TemporaryDirectory(prefix="tiny-marian-spm-") as name:
+        folder = Path(name)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(family_corpus()), model_prefix=str(folder / "spm"), vocab_size=160, model_type="unigram",
+            pad_id=-1, unk_id=1, bos_id=-1, eos_id=0, eos_piece="</s>", hard_vocab_limit=False, character_coverage=1.0, minloglevel=2,
+        )
+        vocab = {"</s>": 0, "<unk>": 1}
+        for line in (folder / "spm.vocab").read_text().splitlines():
+            vocab.setdefault(line.split("\t")[0], len(vocab))
+        vocab["<pad>"] = len(vocab)
+        (folder / "vocab.json").write_text(json.dumps(vocab))
+        model_file = str(folder / "spm.model")
+        return MarianTokenizer(model_file, model_file, str(folder / "vocab.json"), source_lang="de", target_lang="en")
 
 
 # ----- models -------------------------------------------------------------------------------------
