@@ -6,6 +6,7 @@ MLM, a two-process run whose final evaluation is what one process evaluates on t
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -92,12 +93,34 @@ def launch(script: Path, config: Path, ranks: Path, *machine_args: str, **env: s
     return subprocess.Popen(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
          *machine_args, str(script), str(config)],
-        cwd=REPO_ROOT, env=cli_env(RANKS_DIR=str(ranks), OMP_NUM_THREADS="1", **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT, env=launch_env(RANKS_DIR=str(ranks), **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
+def launch_env(**extra: str) -> dict[str, str]:
+    # PYTHONFAULTHANDLER: a process that hangs can be made to print every thread's stack (see `ended`).
+    return cli_env(OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", **extra)
+
+
+def ended(process: subprocess.Popen, timeout: int = 600) -> str:
+    """The launched run's stderr once it has ended. A run still going after ``timeout`` (processes waiting
+    for each other's collectives) fails the test with every process's Python stack, then is killed."""
+    import psutil
+
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        workers = psutil.Process(process.pid).children(recursive=True)
+        for worker in workers:
+            worker.send_signal(signal.SIGABRT)  # faulthandler prints the stacks, then the process ends
+        psutil.wait_procs(workers, timeout=10)
+        process.kill()
+        stderr = process.communicate()[1]
+        pytest.fail(f"the launched run did not end within {timeout} s; its processes' stacks:\n{stderr[-12000:]}")
+
+
 def finish(process: subprocess.Popen) -> None:
-    _, stderr = process.communicate(timeout=600)
+    stderr = ended(process)
     assert process.returncode == 0, stderr[-4000:]
 
 
@@ -167,7 +190,7 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
                                    mixed_precision="no", torch_num_threads=1)
     process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
                      "--main_process_port", str(free_port()))
-    _, stderr = process.communicate(timeout=600)
+    stderr = ended(process)
     assert process.returncode != 0
     checkpoint = tmp_path / "stopped" / "checkpoints" / "step-00000004"
     assert stderr.count(f"bertpipe train: stopped by SIGTERM at step 4 of 12; checkpoint {checkpoint} is complete") == 1, stderr[-4000:]
@@ -178,7 +201,7 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
          "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
          str(config), "train.resume_from_checkpoint=latest"],
-        cwd=REPO_ROOT, env=cli_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ))
     resumed, uninterrupted = (json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "stopped", runs["one"]))
     assert resumed["num_processes"] == 2 and resumed["global_step"] == uninterrupted["global_step"] == 12
@@ -199,10 +222,7 @@ def test_cli_two_processes_evaluate_one_example_per_batch_when_either_sees_paddi
                                    mixed_precision="no", torch_num_threads=1)
     process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
                      "--main_process_port", str(free_port()))
-    try:
-        _, stderr = process.communicate(timeout=300)
-    finally:
-        process.kill()
+    stderr = ended(process, timeout=300)
     assert process.returncode == 0, stderr[-4000:]
     assert [(r["rank"], r["world_size"], r["eval_batch_size"]) for r in ranks_of(tmp_path / "ranks")] == [(0, 2, 1), (1, 2, 1)]
     probed, batched = (json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "probed", runs["one"]))
@@ -218,7 +238,7 @@ def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentime
     config = classification_config(tmp_path, tiny_bert, sentiment_files, mixed_precision="no", torch_num_threads=1)
     process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
                      "--main_process_port", str(free_port()), FAILING_RANK=failing_rank)
-    _, stderr = process.communicate(timeout=300)
+    stderr = ended(process, timeout=300)
     assert sorted((r["rank"], r["world_size"]) for r in ranks_of(tmp_path / "ranks")) == [(0, 2), (1, 2)]
     assert stderr.count("bertpipe train: error:") == 1, stderr[-4000:]
     assert "unknown key 'trian' in the command line" in stderr
@@ -288,7 +308,7 @@ def test_cli_two_process_final_evaluation_is_what_one_process_evaluates(tmp_path
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
          "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
          str(config), "train.mixed_precision=no", "train.torch_num_threads=1", *TASK_RUN_OVERRIDES[task]],
-        cwd=REPO_ROOT, env=cli_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     finish(process)
     run = tmp_path / "run"
@@ -337,7 +357,7 @@ def test_cli_two_processes_train_what_one_process_trains_on_their_joint_batches(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
          "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
          str(config), f"output_dir={tmp_path / 'two'}", "train.batch_size=8", *exact],
-        cwd=REPO_ROOT, env=cli_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     finish(process)
     one, two = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
