@@ -122,3 +122,34 @@ def test_cli_signals_sigterm_in_the_final_evaluation_checkpoints_the_last_step_a
     # Nothing was trained again: the final model is the last step's.
     final, saved = load_file(tmp_path / "run" / "model.safetensors"), load_file(checkpoint / "model.safetensors")
     assert final.keys() == saved.keys() and all(torch.equal(final[name], saved[name]) for name in final)
+
+
+def test_cli_signals_a_sigterm_to_a_one_process_accelerate_launch_reaches_the_run_and_it_checkpoints(tmp_path, tiny_bert, sentiment_files):
+    # A scheduler signals the command it started: here the launcher, which hands SIGTERM on to its one training
+    # process and kills it 5 s later (as accelerate 1.16's launcher does; the README tells users what to rely on).
+    script = tmp_path / "train_slowly.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\nsys.argv[1:1] = ['train']\n" + SLOW_TRAINING)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, eval_steps=None, **PINNED)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--mixed_precision", "no",
+         "--dynamo_backend", "no", str(script), str(config)],
+        cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        log = tmp_path / "run" / "log.jsonl"
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and sum("loss" in line for line in log.read_text().splitlines()) >= 3):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    stopped = [line for line in stderr.splitlines() if line.startswith("bertpipe train: stopped by SIGTERM at step ")]
+    assert len(stopped) == 1 and "is complete: continue with train.resume_from_checkpoint=latest" in stopped[0], stderr[-3000:]
+    checkpoints = list((tmp_path / "run" / "checkpoints").iterdir())
+    assert len(checkpoints) == 1 and checkpoints[0].name.startswith("step-") and str(checkpoints[0]) in stopped[0]
+
+    run_cli("train", str(config), "train.resume_from_checkpoint=latest")
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["global_step"] == 120  # 10 epochs of 12 batches
