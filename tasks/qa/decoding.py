@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import unicodedata
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -44,6 +44,44 @@ def trim_span(context: str, start: int, end: int) -> tuple[int, int] | None:
     return (start, end) if start < end else None
 
 
+def _ranked_spans(
+    starts: np.ndarray, ends: np.ndarray, offsets: Sequence, max_answer_length: int, first: int,
+) -> Iterator[tuple[int, int]]:
+    """Every valid token span ``(s, e)`` of one window, best ``starts[s] + ends[e]`` first.
+
+    Valid: both ends are context tokens, ``s <= e`` and ``e - s + 1 <= max_answer_length``. Exact
+    ties go by ``s``, then ``e``. The scores form a ``(width, max_answer_length)`` matrix (11,520
+    entries for 384 tokens), sorted a part at a time (``first`` spans or more, then 4x as many):
+    a caller mostly stops after its first ``n_best_size`` spans.
+    """
+    width = len(offsets)
+    length = max(min(max_answer_length, width), 0)
+    in_context = np.fromiter((offset is not None for offset in offsets), dtype=bool, count=width)
+    end_index = np.arange(width)[:, None] + np.arange(length)[None, :]
+    valid = end_index < width
+    end_index = np.where(valid, end_index, 0)
+    valid &= in_context[:, None] & in_context[end_index]
+    scores = np.where(valid, starts[:, None] + ends[end_index], -np.inf).ravel()
+    # The k-th best of the starts' best spans bounds the k-th best span from below, so everything
+    # at or above it is the k best spans and their ties: a prefix of the full order, found without
+    # sorting all of the matrix.
+    best_per_start = scores.reshape(width, length).max(axis=1, initial=-np.inf)
+    with_spans = int(np.count_nonzero(best_per_start > -np.inf))
+    done, wanted = 0, max(first, 1)
+    while True:
+        if wanted < with_spans:
+            chosen = np.flatnonzero(scores >= np.partition(best_per_start, width - wanted)[width - wanted])
+        else:
+            chosen = np.flatnonzero(valid)
+        order = chosen[np.argsort(-scores[chosen], kind="stable")]  # stable: ties stay in (s, e) order
+        for flat in order[done:].tolist():
+            s, d = divmod(flat, length)
+            yield s, s + d
+        if wanted >= with_spans:
+            return
+        done, wanted = len(order), wanted * 4
+
+
 def postprocess_qa_predictions(
     contexts: Sequence[str],
     feature_example_index: Sequence[int],
@@ -59,14 +97,18 @@ def postprocess_qa_predictions(
 ) -> list[dict[str, Any]]:
     """Window logits -> one answer per example (pure function, no model, no tokenizer).
 
-    For each example, every window ``f`` with ``feature_example_index[f] == example`` proposes the
-    pairs of its ``n_best_size`` best start and end tokens that are both context tokens
-    (``offsets[f][i]`` not ``None``), in order, and at most ``max_answer_length`` tokens long; a
-    span's score is ``start_logit + end_logit``. A span is its characters without surrounding
-    whitespace (:func:`trim_span`) and made of whole grapheme clusters (:func:`whole_graphemes`), so
-    ``context[start:end] == text`` holds for every tokenizer. The same character span proposed by two
-    overlapping windows counts once, with its best score. Logit arrays may be longer than the
-    window (padding); positions past ``len(offsets[f])`` are ignored.
+    For each example, every window ``f`` with ``feature_example_index[f] == example`` proposes its
+    ``n_best_size`` best valid spans, searched over all (start, end) token pairs: both context
+    tokens (``offsets[f][i]`` not ``None``), in order and at most ``max_answer_length`` tokens long;
+    a span's score is ``start_logit + end_logit``. (Pairing only the ``n_best_size`` best starts
+    with the best ends, as transformers' ``run_qa`` does, can miss the best valid span, and makes the
+    n-best probabilities jump when near-tied logits swap places.) A span is its characters without
+    surrounding whitespace (:func:`trim_span`) and made of whole grapheme clusters
+    (:func:`whole_graphemes`), so ``context[start:end] == text`` holds for every tokenizer; token
+    pairs that give the same character span count once, with their best score, within a window and
+    across overlapping windows. The n-best list is thus exactly the ``n_best_size`` best character
+    spans of the example. Logit arrays may be longer than the window (padding); positions past
+    ``len(offsets[f])`` are ignored.
 
     v2: the null score is ``start_logit[cls] + end_logit[cls]``, taken at its *minimum* over the
     windows (the window most sure an answer exists); "no answer" is predicted when
@@ -94,27 +136,26 @@ def postprocess_qa_predictions(
             starts = np.asarray(start_logits[feature][:width], dtype=np.float64)
             ends = np.asarray(end_logits[feature][:width], dtype=np.float64)
             cls = int(cls_index[feature])
+            seen: set[tuple[int, int]] = set()
             null_score = starts[cls] + ends[cls]
             if null is None or null_score < null["score"]:
                 null = {"text": "", "start": 0, "end": 0, "start_logit": float(starts[cls]), "end_logit": float(ends[cls]), "score": float(null_score)}
-            best_starts = np.argsort(-starts, kind="stable")[:n_best_size]
-            best_ends = np.argsort(-ends, kind="stable")[:n_best_size]
-            for s in best_starts:
-                if window_offsets[s] is None:
+            for s, e in _ranked_spans(starts, ends, window_offsets, max_answer_length, 2 * n_best_size):
+                char_span = trim_span(context, int(window_offsets[s][0]), int(window_offsets[e][1]))
+                if char_span is None:
                     continue
-                for e in best_ends:
-                    if window_offsets[e] is None or e < s or e - s + 1 > max_answer_length:
-                        continue
-                    char_span = trim_span(context, int(window_offsets[s][0]), int(window_offsets[e][1]))
-                    if char_span is None:
-                        continue
-                    char_span = whole_graphemes(*char_span, boundaries)
-                    score = float(starts[s] + ends[e])
-                    if char_span not in spans or score > spans[char_span]["score"]:
-                        spans[char_span] = {
-                            "text": context[char_span[0] : char_span[1]], "start": char_span[0], "end": char_span[1],
-                            "start_logit": float(starts[s]), "end_logit": float(ends[e]), "score": score,
-                        }
+                char_span = whole_graphemes(*char_span, boundaries)
+                if char_span in seen:
+                    continue  # pairs come best first: its first pair gave this span its best score here
+                seen.add(char_span)
+                score = float(starts[s] + ends[e])
+                if char_span not in spans or score > spans[char_span]["score"]:
+                    spans[char_span] = {
+                        "text": context[char_span[0] : char_span[1]], "start": char_span[0], "end": char_span[1],
+                        "start_logit": float(starts[s]), "end_logit": float(ends[e]), "score": score,
+                    }
+                if len(seen) == n_best_size:
+                    break
         ranked = sorted(spans.values(), key=lambda candidate: -candidate["score"])[:n_best_size]
         nbest = list(ranked)
         if version_2_with_negative and null is not None:

@@ -335,9 +335,10 @@ def test_qa_postprocess_respects_max_answer_length_and_order():
     texts = [c["text"] for c in result["nbest"]]
     assert texts[0] == "cc"  # "aa bb cc" (score 10) is 3 tokens long
     assert "aa bb cc" not in texts and all(" " not in text for text in texts)
-    # an end before the start is never a span
-    (result,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], [logits(7, p5=9.0)], [logits(7, p3=9.0)], [0], n_best_size=1)
-    assert result["prediction_text"] == ""
+    # an end before the start is never a span: the best valid one ("bb", 2 + 1) is the answer
+    starts, ends = logits(7, p5=9.0, p4=2.0), logits(7, p3=9.0, p4=1.0)
+    (result,) = postprocess_qa_predictions([CONTEXT], [0], [WINDOW_1], [starts], [ends], [0], n_best_size=1)
+    assert (result["prediction_text"], result["start"], result["end"], result["nbest"][0]["score"]) == ("bb", 3, 5, 3.0)
 
 
 def test_qa_postprocess_never_answers_from_question_or_padding():
