@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from pipelines.config import RunConfig
+from pipelines.outputs import write_text_atomically
 
 if TYPE_CHECKING:
     from pipelines.task import Task
@@ -199,5 +200,7 @@ Trained with bertpipe (`task: {config.task}`) from {origin} on {data}.
 def write_model_card(run_dir: str | Path, config: RunConfig, task: Task, metrics: dict[str, Any]) -> Path:
     card = build_model_card(config, task, metrics, model_name=Path(run_dir).resolve().name)
     path = Path(run_dir) / "README.md"
-    card.save(path)
+    # Not card.save(), which writes in place: a resumed finished run rewrites the card, and a kill
+    # mid-write left a truncated one that publish uploads.
+    write_text_atomically(path, str(card))
     return path

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 # after its arguments are parsed, so help, --version and argument errors answer at once.
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import ModelError, RunStopped, UserError, failures_named
-from pipelines.outputs import OutputDirError, load_saved_config
+from pipelines.outputs import OutputDirError, check_replaceable_folder, load_saved_config
 
 if TYPE_CHECKING:
     from pipelines.task import Task
@@ -209,6 +209,7 @@ def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
     """Runs ``export``/``distill``; False for any other command."""
     if args.command == "export":
         config = load_run_config(get_task, None, [], run_dir=args.run_dir)
+        check_replaceable_folder(args.out, "--out")  # before the export and its parity check, not after
         from pipelines.export import export_run
 
         # The task reads only the eval split's file; export_run saves the run's own config beside the export.
@@ -251,6 +252,8 @@ def _check_merge_out(run_dir: str, out: str | None) -> None:
     """
     from pipelines.modeling import MERGED_DIR
 
+    if out is not None:
+        check_replaceable_folder(out, "--out")
     if out is None or Path(out).expanduser().resolve() == (Path(run_dir).expanduser() / MERGED_DIR).resolve():
         return
     _check_new_folder("--out", out, "the merged model")

@@ -278,6 +278,6 @@ def merge_run(config: RunConfig, task: Task, run_dir: str, out_dir: str | None =
         raise ModelError(f"task {config.task!r} did not load the adapter of {run_dir} through pipelines.modeling.load_model")
     target = Path(out_dir) if out_dir else Path(run_dir) / MERGED_DIR
     # Staged beside and swapped in: a kill mid-merge leaves the earlier merged/ whole.
-    with replacing_folder(target) as staging:
+    with replacing_folder(target, label="--out" if out_dir else "merged model folder") as staging:
         save_merged_model(model, tokenizer, staging)
     return target

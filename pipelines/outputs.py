@@ -11,7 +11,8 @@ until the new one has finished); never a foreign folder, one holding the run's i
 run without one of those two settings. The check creates nothing: a refused command leaves no folder.
 
 Rewrites of a run's files are whole or not at all, so that an interruption never leaves a finished run
-that does not load: :func:`write_text_atomically` (``config.yaml``, ``metrics.json``),
+that does not load: :func:`write_text_atomically` (``config.yaml``, ``metrics.json``, ``log.jsonl`` on a resume,
+the model card, a task's eval artifacts, a checkpoint's state),
 :func:`replacing_files` (model and tokenizer files, staged inside the folder), :func:`replacing_folder`
 (``merged/``, staged beside it).
 """
@@ -24,7 +25,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +294,7 @@ def save_tokenizer(tokenizer, run_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def replacing_folder(folder: Path) -> Iterator[Path]:
+def replacing_folder(folder: Path, *, label: str = "folder") -> Iterator[Path]:
     """Yields an empty staging folder ``.<name>.partial`` beside ``folder``; once the block has ended
     without an error it becomes ``folder``, and what was there before is deleted.
 
@@ -301,9 +302,13 @@ def replacing_folder(folder: Path) -> Iterator[Path]:
     ``--out``: written in place, a kill mid-write over an earlier one left a model that did not load. The old folder is renamed aside
     (``.<name>.old.partial``) before the new one is renamed in, and deleted after; a kill between the two
     renames leaves it there, and the next call puts it back before starting. Both names end in
-    ``.partial``, which ``publish`` never uploads.
+    ``.partial``, which ``publish`` never uploads. A ``folder`` that cannot be renamed (a mount point,
+    such as a docker volume) is refused as an :class:`OutputDirError` naming ``label`` (``--out``): before
+    the block runs where :func:`check_replaceable_folder` can tell, else when the swap fails; either way
+    ``folder`` is left as it was and no staging folder stays behind.
     """
     folder = Path(os.path.abspath(folder))  # "--out ." has no name to stage beside
+    check_replaceable_folder(folder, label)
     staging = folder.with_name(f".{folder.name}.partial")
     aside = folder.with_name(f".{folder.name}.old.partial")
     if aside.exists():
@@ -318,16 +323,35 @@ def replacing_folder(folder: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if folder.exists():
-        os.replace(folder, aside)
     try:
+        if folder.exists():
+            os.replace(folder, aside)
         os.replace(staging, folder)
-    except BaseException:  # Ctrl-C between the two renames: the earlier folder goes back now
+    except BaseException as error:  # Ctrl-C between the two renames, or a folder that cannot be renamed: the earlier one stays
         if aside.exists() and not folder.exists():
             os.replace(aside, folder)
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise OutputDirError(_not_replaceable(label, folder, error.strerror or str(error))) from error
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def check_replaceable_folder(folder: str | Path, label: str = "folder") -> None:
+    """Refuse a ``folder`` that :func:`replacing_folder` could not swap, before any work is spent on it:
+    a mount point (a docker volume, a network share) cannot be renamed, and the new folder, staged
+    beside it on the parent's file system, could not be renamed onto it."""
+    folder = Path(os.path.abspath(Path(folder).expanduser()))
+    if folder.is_dir() and not folder.is_symlink() and os.path.ismount(folder):
+        raise OutputDirError(_not_replaceable(label, folder, "it is a mount point"))
+
+
+def _not_replaceable(label: str, folder: Path, why: str) -> str:
+    way_on = ""
+    if label.startswith("--"):  # an option the user can point elsewhere
+        way_on = f" Choose another {label}: a folder inside it ({label} {folder / 'model'}) or elsewhere."
+    return (f"{label} {folder} cannot be replaced ({why}): bertpipe writes the new folder beside it and renames it "
+            f"into place, so that an interruption never leaves half of one; {folder} was left as it was.{way_on}")
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -336,7 +360,13 @@ def write_text_atomically(path: Path, text: str) -> None:
     the folder as a bertpipe run)."""
     temporary = path.with_name(path.name + ".tmp")
     try:
-        temporary.write_text(text)
+        temporary.write_text(text, encoding="utf-8", newline="")
+        # Renamed before its contents reach the disk, a power loss could leave an empty file under the name.
+        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
         os.replace(temporary, path)
     except BaseException as error:
         with contextlib.suppress(OSError):
@@ -378,15 +408,26 @@ def load_saved_config(run_dir: str | Path) -> dict[str, Any]:
 
 
 class StepLog:
-    """One JSON record per line, flushed each time, so a crash keeps every record written so far."""
+    """One JSON record per line, flushed each time, so a crash keeps every record written so far.
 
-    def __init__(self, run_dir: str | Path) -> None:
+    ``records`` (a resumed run's history, from its checkpoint) replace the file's contents whole before
+    anything is appended; what the interrupted run logged after that checkpoint goes, as the resumed run
+    logs those steps again. Truncated first and written back one by one, a kill in between left a
+    resumed run's log empty or cut short.
+    """
+
+    def __init__(self, run_dir: str | Path, records: Iterable[dict[str, Any]] = ()) -> None:
         self.path = Path(run_dir) / LOG_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("w")
+        write_text_atomically(self.path, "".join(map(self._line, records)))
+        self._file = self.path.open("a", encoding="utf-8")
+
+    @staticmethod
+    def _line(record: dict[str, Any]) -> str:
+        return json.dumps(json_safe(record), allow_nan=False) + "\n"
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+        self._file.write(self._line(record))
         self._file.flush()
 
     def close(self) -> None:

@@ -385,10 +385,7 @@ def _open_run_dir(
         return None
     # Rewritten from the checkpoint's history: records an interrupted run wrote after its last
     # checkpoint would otherwise appear twice.
-    step_log = outputs.StepLog(run_dir)
-    for record in state.log_history:
-        step_log.write(record)
-    return step_log
+    return outputs.StepLog(run_dir, state.log_history)
 
 
 # ----- finish -------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pipelines.files import load_split_files, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import encode_words_as_in_running_text, load_model
+from pipelines.outputs import write_text_atomically
 from pipelines.task import TaskBase
 from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
 from tasks.ner.sentences import (
@@ -368,4 +369,4 @@ class NerTask(TaskBase):
         for words, gold, predicted in zip(examples["tokens"], examples["tags"], predictions["tags"]):
             lines.extend(f"{w} {g} {p}" for w, g, p in zip(words, gold, predicted))
             lines.append("")
-        (Path(run_dir) / "eval_predictions.conll").write_text("\n".join(lines) + "\n")
+        write_text_atomically(Path(run_dir) / "eval_predictions.conll", "\n".join(lines) + "\n")

@@ -27,7 +27,7 @@ from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_text,
 from pipelines.errors import DataError
 from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.metrics import load_metric
-from pipelines.outputs import write_json
+from pipelines.outputs import write_json, write_text_atomically
 from pipelines.task import TaskBase
 from tasks.translation.build import TranslationModelBuilding
 from tasks.translation.data import _tokenize, empty_rows, to_language_columns
@@ -243,8 +243,9 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
 
         sources = examples[self.options.source_lang]
         references = examples[self.options.target_lang]
-        with open(Path(run_dir) / GENERATIONS_FILE, "w") as handle:
-            for source, reference, hypothesis in zip(sources, references, predictions["hypotheses"]):
-                handle.write(json.dumps({"source": source, "reference": reference, "hypothesis": hypothesis}, ensure_ascii=False) + "\n")
+        write_text_atomically(Path(run_dir) / GENERATIONS_FILE, "".join(
+            json.dumps({"source": source, "reference": reference, "hypothesis": hypothesis}, ensure_ascii=False) + "\n"
+            for source, reference, hypothesis in zip(sources, references, predictions["hypotheses"])
+        ))
         if self.signatures:
             write_json(Path(run_dir) / SIGNATURE_FILE, {**self.signatures, "lowercase": self.lowercase, "tokenize": self.options.bleu_tokenize})
