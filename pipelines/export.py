@@ -383,7 +383,7 @@ def export_run(
             summary["parity"]["int8"] = int8_parity
         # An earlier export (--overwrite) is swapped out only once the new one is whole: deleted first, a kill
         # between deleting it and moving the new one in kept neither.
-        with replacing_folder(out_dir) as staged:
+        with replacing_folder(out_dir, label="--out") as staged:
             shutil.move(str(final), staged / ONNX_FILE)
             summary["size_bytes"] = (staged / ONNX_FILE).stat().st_size
             tokenizer.save_pretrained(staged)
