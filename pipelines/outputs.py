@@ -306,8 +306,12 @@ def replacing_folder(folder: Path, *, label: str = "folder") -> Iterator[Path]:
     such as a docker volume) is refused as an :class:`OutputDirError` naming ``label`` (``--out``): before
     the block runs where :func:`check_replaceable_folder` can tell, else when the swap fails; either way
     ``folder`` is left as it was and no staging folder stays behind.
+
+    A ``folder`` that is a symbolic link (``exports/latest -> v3``) stays one: the folder it points to is
+    replaced, as writing into the link would; renamed itself, the link became a real folder and the
+    user's link was left behind under the aside name.
     """
-    folder = Path(os.path.abspath(folder))  # "--out ." has no name to stage beside
+    folder = Path(os.path.realpath(folder))  # "--out ." has no name to stage beside
     check_replaceable_folder(folder, label)
     staging = folder.with_name(f".{folder.name}.partial")
     aside = folder.with_name(f".{folder.name}.old.partial")
@@ -341,9 +345,25 @@ def check_replaceable_folder(folder: str | Path, label: str = "folder") -> None:
     """Refuse a ``folder`` that :func:`replacing_folder` could not swap, before any work is spent on it:
     a mount point (a docker volume, a network share) cannot be renamed, and the new folder, staged
     beside it on the parent's file system, could not be renamed onto it."""
-    folder = Path(os.path.abspath(Path(folder).expanduser()))
-    if folder.is_dir() and not folder.is_symlink() and os.path.ismount(folder):
+    folder = Path(os.path.realpath(Path(folder).expanduser()))
+    if folder.is_dir() and (os.path.ismount(folder) or str(folder) in _mount_points()):
         raise OutputDirError(_not_replaceable(label, folder, "it is a mount point"))
+
+
+MOUNT_TABLE = Path("/proc/self/mountinfo")
+
+
+def _mount_points() -> set[str]:
+    """Every mount point the kernel lists (Linux; empty elsewhere). ``os.path.ismount`` compares a
+    folder's device with its parent's and so misses a bind mount from the same file system, which
+    docker's ``-v host_dir:/out`` often is."""
+    try:
+        lines = MOUNT_TABLE.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return set()
+    # Field 5 is the mount point, with space, tab, newline and backslash written as octal escapes.
+    points = (fields[4] for fields in (line.split(" ") for line in lines) if len(fields) > 4)
+    return {re.sub(r"\\([0-7]{3})", lambda escape: chr(int(escape.group(1), 8)), point) for point in points}
 
 
 def _not_replaceable(label: str, folder: Path, why: str) -> str:

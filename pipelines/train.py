@@ -432,7 +432,7 @@ def _finish_run(
         if accelerator.is_main_process:
             outputs.save_tokenizer(data.tokenizer, run_dir)
             if config.model.peft is not None and config.model.peft.merge:
-                with outputs.replacing_folder(run_dir / MERGED_DIR) as staging:
+                with outputs.replacing_folder(run_dir / MERGED_DIR, label="merged model folder") as staging:
                     save_merged_model(unwrapped, data.tokenizer, staging)
             task.save_artifacts(predictions, data.eval_examples, str(run_dir))
             outputs.plot_training_curves(log_history, run_dir / outputs.PLOT_FILE)

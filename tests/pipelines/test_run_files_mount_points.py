@@ -98,3 +98,54 @@ def test_run_files_export_out_on_a_mount_point_exits_2_naming_out(lora_run, tmp_
     assert f"{out} cannot be replaced" in message and "busy" in message, message
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     _untouched(out, set(before))
+
+
+def test_run_files_a_bind_mount_missed_by_ismount_is_found_in_the_mount_table(tmp_path, monkeypatch):
+    # docker -v host_dir:/out binds a folder of the same file system: same device as its parent, so
+    # os.path.ismount says False; the kernel's mount table lists it (a space written as \040).
+    from pipelines import outputs
+
+    volume = tmp_path / "my volume"
+    volume.mkdir()
+    escaped = str(volume).replace(" ", "\\040")
+    table = tmp_path / "mountinfo"
+    table.write_text(f"22 27 0:21 / /proc rw,relatime - proc proc rw\n36 27 8:1 /srv/out {escaped} rw,relatime - ext4 /dev/sda1 rw\n")
+    monkeypatch.setattr(outputs, "MOUNT_TABLE", table)
+    assert not os.path.ismount(volume)
+    with pytest.raises(outputs.OutputDirError, match="it is a mount point"):
+        outputs.check_replaceable_folder(volume, "--out")
+    (tmp_path / "my").mkdir()  # a prefix of the listed point is not one
+    outputs.check_replaceable_folder(tmp_path / "my", "--out")
+    monkeypatch.setattr(outputs, "MOUNT_TABLE", tmp_path / "absent")  # not Linux: ismount alone
+    outputs.check_replaceable_folder(volume, "--out")
+
+
+def test_run_files_merge_out_through_a_symlink_fills_the_linked_folder_and_keeps_the_link(lora_run, tmp_path):
+    target = tmp_path / "models" / "v3"
+    target.mkdir(parents=True)
+    link = tmp_path / "latest"
+    link.symlink_to(target, target_is_directory=True)
+    assert cli("merge", lora_run, "--out", link) == 0
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file()
+    # Nothing staged or set aside is left beside the link or the folder it points to.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["latest", "models"]
+    assert sorted(path.name for path in target.parent.iterdir()) == ["v3"]
+
+
+def test_run_files_export_overwrite_through_a_symlink_replaces_the_linked_folder(lora_run, tmp_path):
+    pytest.importorskip("onnxruntime")
+    run = tmp_path / "run"
+    shutil.copytree(lora_run, run)
+    assert cli("merge", run) == 0
+    target = tmp_path / "exports" / "v1"
+    target.mkdir(parents=True)
+    link = tmp_path / "current"
+    link.symlink_to(target, target_is_directory=True)
+    assert cli("export", run, "--out", link, "--parity-samples", "2") == 0
+    (target / "stale.txt").write_text("left by the user beside the earlier export")
+    assert cli("export", run, "--out", link, "--overwrite", "--parity-samples", "2") == 0
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert not (target / "stale.txt").exists() and any(target.glob("*.onnx"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["current", "exports", "run"]
+    assert sorted(path.name for path in target.parent.iterdir()) == ["v1"]
