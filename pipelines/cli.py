@@ -250,7 +250,7 @@ def _check_merge_out(run_dir: str, out: str | None) -> None:
     Anything else may hold another model (another run's, or the adapter run itself), which the merged
     weights would overwrite while that run's metrics went on describing its own.
     """
-    from pipelines.modeling import MERGED_DIR
+    from pipelines.adapters import MERGED_DIR
 
     if out is not None:
         check_replaceable_folder(out, "--out")

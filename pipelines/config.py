@@ -81,7 +81,7 @@ class PeftConfig(Section):
 
     Works for every task: the peft task type is the task's ``peft_task_type`` and the
     defaults for ``target_modules`` / ``modules_to_save`` from the architecture
-    (:func:`pipelines.modeling.apply_peft`).
+    (:func:`pipelines.adapters.apply_peft`).
     """
 
     method: Literal["lora", "ia3"] = "lora"

@@ -36,9 +36,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from pipelines.adapters import is_peft_model, merge_adapter
 from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
 from pipelines.errors import ModelError
-from pipelines.modeling import is_peft_model, merge_adapter, reorder_head_labels
+from pipelines.heads import reorder_head_labels
 from pipelines.outputs import METRICS_FILE, load_saved_config
 from pipelines.task import Task
 

@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipelines.adapters import MERGED_DIR, is_adapter_dir
 from pipelines.card import build_model_card
 from pipelines.config import RunConfig
 from pipelines.hub import hub_reachable
-from pipelines.modeling import MERGED_DIR, is_adapter_dir
 from pipelines.outputs import METRICS_FILE
 
 if TYPE_CHECKING:

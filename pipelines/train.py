@@ -30,6 +30,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from pipelines import outputs
+from pipelines.adapters import MERGED_DIR, apply_peft, base_model_id, is_peft_model, save_adapter_run, save_merged_model
 from pipelines.batching import eval_dataloader, exact_eval_batch_size, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
@@ -41,10 +42,7 @@ from pipelines.data import PreparedData, features_digest, prepare_data, split_so
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.errors import RunStopped, failures_named
 from pipelines.evaluation import evaluate
-from pipelines.modeling import (
-    MERGED_DIR, apply_peft, base_model_id, check_sequence_lengths, count_parameters, is_peft_model, save_adapter_run,
-    save_merged_model,
-)
+from pipelines.modeling import check_sequence_lengths, count_parameters
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once

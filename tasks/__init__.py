@@ -35,7 +35,7 @@ def get_task(name: str) -> type[Task]:
         target = _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(_REGISTRY))}") from None
-    from pipelines.modeling import enable_adapter_runs_in_pipeline
+    from pipelines.adapters import enable_adapter_runs_in_pipeline
 
     module, _, attribute = target.partition(":")
     task = getattr(importlib.import_module(module), attribute)

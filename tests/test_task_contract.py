@@ -45,7 +45,7 @@ def test_every_task_has_every_class_attribute_of_the_protocol(task_name):
 def test_every_task_carries_the_facts_pipelines_would_otherwise_look_up_by_tag(task_name):
     from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
-    from pipelines.modeling import peft_task_type
+    from pipelines.adapters import peft_task_type
 
     task = get_task(task_name)
     assert issubclass(task.auto_model_class, _BaseAutoModelClass)

@@ -171,7 +171,7 @@ def register_ner_pipeline() -> None:
     """Make ``pipeline("token-classification")`` (alias ``"ner"``) build :class:`WordTokenClassificationPipeline` (idempotent).
 
     Only the entry's implementation changes: its model classes (with the adapter-run loader
-    :func:`pipelines.modeling.enable_adapter_runs_in_pipeline` may have added) and default model stay.
+    :func:`pipelines.adapters.enable_adapter_runs_in_pipeline` may have added) and default model stay.
     """
     from transformers.pipelines import PIPELINE_REGISTRY
 

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Encod
 from pipelines.config import ConfigError
 from pipelines.errors import ModelError
 from pipelines.hub import resolve_model
-from pipelines.modeling import usable_positions, apply_dropout, load_model
+from pipelines.modeling import apply_dropout, load_model, usable_positions
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
     check_decoder_config,

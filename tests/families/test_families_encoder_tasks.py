@@ -16,8 +16,9 @@ import torch
 from transformers import AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, AutoModelForTokenClassification
 from transformers import AutoTokenizer, pipeline
 
+from pipelines.adapters import apply_peft
 from pipelines.config import ModelConfig, PeftConfig
-from pipelines.modeling import apply_peft, count_parameters, load_model
+from pipelines.modeling import count_parameters, load_model
 from pipelines.runtime import layer_classes_to_wrap
 from tests.conftest import write_jsonl
 from tests.families.builders import ENCODER_FAMILIES, MLM_FAMILIES, PADDING_DEPENDENT_FAMILIES

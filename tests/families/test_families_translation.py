@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
+from pipelines.adapters import apply_peft
 from pipelines.config import ModelConfig, PeftConfig
-from pipelines.modeling import apply_peft, count_parameters, load_model
+from pipelines.modeling import count_parameters, load_model
 from tests.conftest import write_jsonl
 from tests.families.builders import SEQ2SEQ_FAMILIES
 from tests.families.matrix import card_code, predict, run_card_code, train, translation_rows

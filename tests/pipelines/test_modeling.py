@@ -20,8 +20,9 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from pipelines.adapters import apply_peft, merge_adapter, save_adapter_run
 from pipelines.config import ModelConfig, PeftConfig
-from pipelines.modeling import apply_peft, load_model, merge_adapter, save_adapter_run
+from pipelines.modeling import load_model
 from tests.families.builders import ENCODER_FAMILIES, _model_config
 
 VOCAB = 60
@@ -71,6 +72,11 @@ def logits_of(model) -> torch.Tensor:
         return model.eval()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
 
 
+def loading_warnings(caplog) -> list[str]:
+    """What loading said at WARNING level (the loader's and the head planning's own)."""
+    return [record.getMessage() for record in caplog.records
+            if record.levelno == logging.WARNING and record.name in ("pipelines.modeling", "pipelines.heads")]
+
 @pytest.mark.parametrize("head", sorted(HEADS))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_modeling_head_from_a_checkpoint_with_the_labels_in_another_order_scores_each_label_with_its_own_row(family, head, tmp_path):
@@ -85,7 +91,7 @@ def test_modeling_head_from_a_checkpoint_with_the_labels_in_another_order_scores
 @pytest.mark.parametrize("family", ["bert", "roberta"])  # a one-layer head, and a dense layer before the output layer
 def test_modeling_head_from_a_checkpoint_with_other_label_names_is_new_and_says_so(family, tmp_path, caplog):
     checkpoint = save_checkpoint(tmp_path / "checkpoint", family, AutoModelForSequenceClassification, ["negative", "positive"])
-    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
         loaded = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(tmp_path / "checkpoint")),
                             label_maps=label_maps(["no", "yes"]))
     output = "classifier" if family == "bert" else "classifier.out_proj"
@@ -138,7 +144,7 @@ def test_modeling_head_of_another_kind_with_the_same_labels_is_new_and_says_so(f
     auto_class, labels, _ = HEADS[head]
     other_class = HEADS["token" if head == "sequence" else "sequence"][0]
     checkpoint = save_checkpoint(tmp_path / "checkpoint", family, other_class, labels)
-    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
         loaded = load_model(auto_class, ModelConfig(name_or_path=str(tmp_path / "checkpoint")), label_maps=label_maps(labels))
     old = dict(checkpoint.named_parameters())
     base = loaded.base_model_prefix + "."
@@ -148,7 +154,7 @@ def test_modeling_head_of_another_kind_with_the_same_labels_is_new_and_says_so(f
     assert head_parameters and not kept
     assert set(head_parameters) <= set(loaded.bertpipe_initialized_keys)
     assert all(torch.equal(parameter, old[name]) for name, parameter in loaded.named_parameters() if name.startswith(base) and name in old)
-    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING and record.name == "pipelines.modeling"]
+    warnings = loading_warnings(caplog)
     assert len(warnings) == 1 and other_class.__name__.removeprefix("AutoModel") in warnings[0], warnings
 
 
@@ -157,7 +163,7 @@ def test_modeling_token_classifier_from_a_question_answering_checkpoint_is_new_a
     """A QA head scores two things per token, as a token classifier of two labels does (ModernBERT: the same module
     names and shapes). XLNet's QA class is XLNetForQuestionAnsweringSimple, which a suffix test did not see as QA."""
     checkpoint = save_checkpoint(tmp_path / "checkpoint", family, AutoModelForQuestionAnswering, None)
-    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
         loaded = load_model(AutoModelForTokenClassification, ModelConfig(name_or_path=str(tmp_path / "checkpoint")),
                             label_maps=label_maps(["O", "B-PER"]))
     old, base = dict(checkpoint.named_parameters()), loaded.base_model_prefix + "."
@@ -166,7 +172,7 @@ def test_modeling_token_classifier_from_a_question_answering_checkpoint_is_new_a
     assert not [name for name, parameter in loaded.named_parameters()
                 if name in head_parameters and name in old and old[name].shape == parameter.shape and torch.equal(old[name], parameter)
                 and parameter.std() > 0]  # a norm's ones are the same either way
-    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING and record.name == "pipelines.modeling"]
+    warnings = loading_warnings(caplog)
     assert len(warnings) == 1 and "a ForQuestionAnswering head" in warnings[0], warnings
 
 
@@ -242,7 +248,7 @@ def test_modeling_adapter_run_of_another_head_kind_or_label_count_gives_a_new_he
     token classifier."""
     auto_class, labels = NEW_HEADS[head]
     run, trained = adapter_runs(family)
-    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
         loaded = load_model(auto_class, ModelConfig(name_or_path=str(run)), label_maps=label_maps(labels) if labels else None)
     input_ids = torch.randint(4, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -265,6 +271,6 @@ def test_modeling_adapter_run_of_another_head_kind_or_label_count_gives_a_new_he
         assert head_parameters and set(head_parameters) <= new
         assert not [name for name, parameter in head_parameters.items()
                     if name in old and old[name].shape == parameter.shape and torch.equal(old[name], parameter) and parameter.std() > 0]
-    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING and record.name == "pipelines.modeling"]
+    warnings = loading_warnings(caplog)
     expected = [str(ADAPTER_LABELS), str(labels)] if head == "sequence" else ["a ForSequenceClassification head"]
     assert len(warnings) == 1 and all(text in warnings[0] for text in expected), warnings

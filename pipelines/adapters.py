@@ -1,0 +1,381 @@
+"""PEFT adapters: wrapping a task model, loading and merging adapter runs.
+
+In:  a task model and the ``model.peft`` settings; or an adapter run directory (``adapter_config.json`` +
+     ``adapter_model.safetensors`` + the task model's ``config.json`` with its label maps).
+Out: :func:`apply_peft` wraps the model in a ``PeftModel`` (LoRA or IA3) whose peft task type is the
+     task's ``peft_task_type`` and whose adapter targets and fully trained modules default per
+     architecture. :func:`load_adapter_model` loads a run back: base weights from the base id and revision
+     the adapter records (resolved through the mirror), then the adapter through peft;
+     :func:`enable_adapter_runs_in_pipeline` lets ``pipeline()`` load it the same way.
+     :func:`merged_adapter_run` and :func:`save_merged_model` fold the adapter into the base weights
+     (a plain transformers model), which a training run started from an adapter run begins with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+import models  # noqa: F401  registers bertpipe's own BERT/Transformer, which an adapter's base may be
+from pipelines.config import ModelConfig, PeftConfig
+from pipelines.errors import ModelError
+from pipelines.heads import head_kinds, head_labels_differ, label_list
+from pipelines.hub import resolve_model
+
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+MERGED_DIR = "merged"
+
+# What peft adapts in a model type its own tables do not list: every linear layer of the model but the
+# output layer (peft resolves the name against the model itself).
+ALL_LINEAR = "all-linear"
+
+_ADAPTER_HEADS = {"SEQ_CLS": "ForSequenceClassification", "TOKEN_CLS": "ForTokenClassification", "QUESTION_ANS": "ForQuestionAnswering"}
+"""The head kind of an adapter run, by the peft task type its adapter_config.json records."""
+
+
+def peft_task_type(name: str | None):
+    """The peft ``TaskType`` a task names (its ``peft_task_type``); None stays None (a plain ``PeftModel``)."""
+    from peft import TaskType
+
+    if name is None:
+        return None
+    if name not in TaskType.__members__:
+        raise ModelError(f"no peft task type {name!r}; peft knows: {', '.join(TaskType.__members__)}")
+    return TaskType[name]
+
+
+def _component_types(config: PretrainedConfig) -> list[str]:
+    """model_type of the model, or of both halves of an ``EncoderDecoderModel``."""
+    if config.model_type == "encoder-decoder":
+        return [config.encoder.model_type, config.decoder.model_type]
+    return [config.model_type]
+
+
+def default_target_modules(config: PretrainedConfig, method: str = "lora") -> list[str] | str:
+    """Module-name suffixes that get adapters, from peft's own per-model-type table.
+
+    peft lists the attention projections of the model types it knows (BERT/RoBERTa/ELECTRA/XLM-R:
+    ``query``/``value``; DeBERTa-v2: ``query_proj``/``value_proj``; T5: ``q``/``v``; BART: ``q_proj``/
+    ``v_proj``). Suffix matching reaches every copy: for an encoder-decoder, the self-attention on
+    both sides and the decoder's cross-attention. A model type peft does not list (DistilBERT,
+    ALBERT, ModernBERT, Marian, mBART, ... or a BERT2BERT half) gets ``"all-linear"``: peft's own
+    choice of the model's linear layers, every one but the output layer, so any architecture takes
+    an adapter without a hand-kept table of module names.
+    """
+    from peft.utils.constants import (
+        TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING,
+        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING,
+    )
+
+    table = {"lora": TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, "ia3": TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING}[method]
+    targets: list[str] = []
+    for model_type in _component_types(config):
+        found = table.get(model_type)
+        if found is None:
+            return ALL_LINEAR
+        targets += [name for name in found if name not in targets]
+    return targets
+
+
+def default_feedforward_modules(config: PretrainedConfig) -> list[str]:
+    """IA3 scales the input (not the output) of these: the feed-forward output projections peft lists."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING
+
+    if default_target_modules(config, "ia3") == ALL_LINEAR:
+        return []
+    found: list[str] = []
+    for model_type in _component_types(config):
+        found += TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.get(model_type, [])
+    return list(dict.fromkeys(found))
+
+
+def default_modules_to_save(model: torch.nn.Module) -> list[str]:
+    """The task head: every module outside the base model whose weights the base does not share.
+
+    BERT: ``classifier`` (sequence/token classification), ``qa_outputs`` (QA),
+    ``cls.predictions.transform`` (MLM: the vocabulary projection is tied to the input embeddings,
+    so it stays frozen and tied rather than being copied and untied). A BERT2BERT
+    ``EncoderDecoderModel`` returns ``crossattention``: when warm-started from two encoders its
+    cross-attention is newly initialised, so it is trained in full. Pretrained seq2seq models
+    (T5, BART, Marian) have no new head: nothing. Modules whose weights the checkpoint lacked
+    (recorded by :func:`pipelines.modeling.load_model`, e.g. ``bert.pooler.dense`` under an MLM checkpoint) are added, and
+    so are norms that keep running statistics (BatchNorm).
+    """
+    if model.config.model_type == "encoder-decoder":
+        has_cross_attention = any(name.endswith(".crossattention") for name, _ in model.named_modules())
+        return ["crossattention"] if has_cross_attention else []
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if base is None or base is model:
+        return []
+    shared = {id(parameter) for parameter in base.parameters()}
+    heads: list[str] = []
+
+    def visit(name: str, module: torch.nn.Module) -> None:
+        parameters = list(module.parameters())
+        if not parameters:
+            return
+        if not any(id(parameter) in shared for parameter in parameters):
+            heads.append(name)
+            return
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}", child)
+
+    for name, child in model.named_children():
+        if child is not base:
+            visit(name, child)
+    # Base weights the checkpoint did not provide (see pipelines.modeling.load_model) are random: train and save them too.
+    base_modules = {id(module) for module in base.modules()}
+    for key in getattr(model, "bertpipe_initialized_keys", ()):
+        module_name = key.rsplit(".", 1)[0]
+        if any(module_name == head or module_name.startswith(head + ".") for head in heads):
+            continue
+        # A module holding a weight tied to the base (the vocabulary projection of an MLM head, missing
+        # from a checkpoint saved without one, e.g. a sentence-transformers encoder) cannot be copied
+        # whole: a copy unties it, and as a parent of a head already listed ("cls.predictions" over
+        # "cls.predictions.transform") peft saves an adapter it cannot load back. What such a module
+        # lacks is its output bias, which transformers zero-initialises on every load: it stays frozen.
+        module = model.get_submodule(module_name)
+        if id(module) not in base_modules and any(id(parameter) in shared for parameter in module.parameters()):
+            continue
+        heads.append(module_name)
+    # Norms with running statistics (bertpipe's own BERT with norm: batch) change in training although the
+    # base is frozen, and an adapter holds only what it names: reloaded onto the base's old statistics,
+    # the run would predict otherwise than it evaluated.
+    for name, module in base.named_modules():
+        if isinstance(getattr(module, "running_mean", None), torch.Tensor):
+            heads.append(f"{model.base_model_prefix}.{name}")
+    return heads
+
+
+def base_model_id(model: ModelConfig) -> str | None:
+    """What an adapter records as its base: the Hub id (not a mirror path), or an absolute local folder."""
+    if model.name_or_path is None:
+        return None
+    local = Path(model.name_or_path).expanduser()
+    return str(local.resolve()) if local.exists() else model.name_or_path
+
+
+def build_peft_config(model: PreTrainedModel, peft: PeftConfig, task_type: str | None, *, base_model_name_or_path: str | None):
+    """The peft ``LoraConfig``/``IA3Config`` for ``model`` under ``peft`` settings and the task's peft task type."""
+    from peft import IA3Config, LoraConfig
+
+    target_modules = peft.target_modules if peft.target_modules is not None else default_target_modules(model.config, peft.method)
+    modules_to_save = peft.modules_to_save if peft.modules_to_save is not None else default_modules_to_save(model)
+    common = {
+        "task_type": peft_task_type(task_type),
+        "target_modules": target_modules,
+        # peft's task-type wrappers add their own head names on top (SEQ_CLS/TOKEN_CLS: classifier,
+        # score; QUESTION_ANS: qa_outputs); names a model lacks are ignored.
+        "modules_to_save": list(modules_to_save),
+        "base_model_name_or_path": base_model_name_or_path,
+    }
+    if peft.method == "ia3":
+        feedforward = [name for name in default_feedforward_modules(model.config) if peft.target_modules is None]
+        return IA3Config(feedforward_modules=feedforward, **common)
+    return LoraConfig(r=peft.r, lora_alpha=peft.alpha, lora_dropout=peft.dropout, **common)
+
+
+def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str | None, *, base_model_name_or_path: str | None = None,
+               base_model_revision: str | None = None):
+    """Wrap ``model`` for parameter-efficient training; returns it unchanged when ``peft`` is None.
+
+    ``task_type`` is the task's ``peft_task_type`` (``SEQ_CLS``, ...; None for a plain ``PeftModel``).
+    Only the adapters and ``modules_to_save`` keep ``requires_grad``; the base weights are frozen.
+    The adapter records its base by id and revision (``model.revision``), which reloading it reads back.
+    """
+    if peft is None:
+        return model
+    if base_model_name_or_path is None:
+        raise ModelError("model.peft adapts a pretrained model: set model.name_or_path (a Hub id or folder)")
+    from peft import get_peft_model
+
+    config = build_peft_config(model, peft, task_type, base_model_name_or_path=base_model_name_or_path)
+    try:
+        wrapped = get_peft_model(model, config)
+    except ValueError as error:  # e.g. "Target modules {...} not found in the base model"
+        raise ModelError(f"model.peft: {error}") from error
+    # get_peft_model records the folder the weights came from (a mirror path); the run records the base id.
+    wrapped.peft_config["default"].base_model_name_or_path = base_model_name_or_path
+    # Without it the adapter trained on a tagged base would be reloaded on the base's newest weights.
+    wrapped.peft_config["default"].revision = base_model_revision
+    return wrapped
+
+
+def is_peft_model(model: Any) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG_FILE).is_file()
+
+
+def adapter_base_model(run_dir: str | Path) -> str:
+    """The base model id an adapter run directory records."""
+    recorded = json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text()).get("base_model_name_or_path")
+    if not recorded:
+        raise ModelError(f"{run_dir}/{ADAPTER_CONFIG_FILE} names no base_model_name_or_path; cannot rebuild the base model")
+    return recorded
+
+
+def adapter_base_revision(run_dir: str | Path) -> str | None:
+    """The base model revision an adapter run directory records (peft's ``revision``; None: the default branch)."""
+    return json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text()).get("revision")
+
+
+def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bool = False):
+    """Base weights (resolved through the mirror) at the revision the adapter records, under the run's
+    own config, then the adapter.
+
+    The run's ``config.json`` carries the head's label maps; the base checkpoint's config does not.
+    The base revision is the adapter's record, not a revision asked for the adapter itself
+    (``model.revision`` names a revision of ``model.name_or_path``, the adapter's repository).
+    """
+    from peft import PeftModel
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise ModelError(f"{run_dir} holds an adapter but no config.json (the task model's config with its label maps)")
+    config = AutoConfig.from_pretrained(run_dir)
+    recorded = adapter_base_model(run_dir)
+    if Path(recorded).is_absolute() and not Path(recorded).exists():
+        # A local base is recorded by its absolute path (base_model_id); a Hub id never is one. Left to
+        # resolve_model, a moved folder would be looked up as a Hub id in the mirror and on the Hub.
+        raise ModelError(
+            f"{run_dir / ADAPTER_CONFIG_FILE} records its base model as the local folder {recorded} "
+            "(base_model_name_or_path), which no longer exists: put the base model back there, or set "
+            "base_model_name_or_path in that file to the folder it is in now"
+        )
+    base_location = resolve_model(recorded)
+    revision = adapter_base_revision(run_dir)
+    base_config = AutoConfig.from_pretrained(base_location, revision=revision)
+    wanted = {"id2label": config.id2label} if hasattr(config, "id2label") else {}
+    base = auto_class.from_pretrained(
+        base_location, config=config, revision=revision,
+        ignore_mismatched_sizes=head_labels_differ(head_kinds(base_config), label_list(base_config.id2label), wanted),
+    )
+    return PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable)
+
+
+def is_adapter_only_dir(path: Any) -> bool:
+    """A local adapter run directory: adapter + task config, but no full weights of its own.
+
+    transformers' ``from_pretrained`` reads a folder holding both ``config.json`` and
+    ``adapter_config.json`` as a full model with an embedded adapter and looks for its weights there.
+    """
+    if not isinstance(path, (str, Path)) or not Path(path).is_dir():
+        return False
+    folder = Path(path)
+    has_full_weights = any(folder.glob("model*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    return is_adapter_dir(folder) and (folder / "config.json").is_file() and not has_full_weights
+
+
+def _adapter_run_loader(auto_classes: tuple[type, ...]) -> type:
+    """A model class for ``PIPELINE_REGISTRY`` that loads adapter run directories through peft.
+
+    ``pipeline()`` tries its model classes in order and moves on when one raises ``OSError``/``ValueError``,
+    so anything that is not an adapter-only run directory is left to the task's own Auto classes.
+    """
+
+    class AdapterRunLoader:
+        bertpipe_adapter_loader = True
+
+        @classmethod
+        def from_pretrained(cls, path: Any, *args: Any, revision: str | None = None, **kwargs: Any):
+            if not is_adapter_only_dir(path):
+                raise OSError(f"{path} is not an adapter-only run directory")
+            failures = []
+            # pipeline(..., dtype=torch.bfloat16) passes it here; a dtype it does not name stays fp32.
+            dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+            for auto_class in auto_classes:
+                try:
+                    model = load_adapter_model(auto_class, path).eval()
+                except ValueError as error:  # the Auto class does not map this config type
+                    failures.append(f"{auto_class.__name__}: {error}")
+                    continue
+                return model.to(dtype) if isinstance(dtype, torch.dtype) else model
+            raise ValueError(f"no model class of this pipeline task loads the adapter run {path}: {'; '.join(failures)}")
+
+    return AdapterRunLoader
+
+
+def enable_adapter_runs_in_pipeline(pipeline_task: str) -> None:
+    """Let ``pipeline(pipeline_task, model=RUN_DIR)`` load an adapter-only run directory (idempotent).
+
+    Without this, transformers 5 looks for full weights in the run directory (it holds ``config.json``
+    with the task's label maps, which the base model's config lacks) and fails.
+    """
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    entry = PIPELINE_REGISTRY.supported_tasks[pipeline_task]
+    model_classes = tuple(entry.get("pt", ()))
+    if any(getattr(model_class, "bertpipe_adapter_loader", False) for model_class in model_classes):
+        return
+    entry["pt"] = (_adapter_run_loader(model_classes),) + model_classes
+
+
+def save_adapter_run(model, run_dir: str | Path, *, is_main_process: bool = True) -> None:
+    """Adapter weights + adapter config + the task model's config (label maps, generation config)."""
+    if not is_main_process:
+        return
+    run_dir = Path(run_dir)
+    model.save_pretrained(run_dir)
+    base = model.get_base_model()
+    base.config.save_pretrained(run_dir)
+    if getattr(base, "generation_config", None) is not None and base.can_generate():
+        base.generation_config.save_pretrained(run_dir)
+    # peft writes its own README.md stub; the run's model card replaces it afterwards.
+
+
+def merge_adapter(model) -> PreTrainedModel:
+    """``model.merge_and_unload()``: the plain transformers model with the adapter folded in and the
+    trained copies of ``modules_to_save`` in place of the originals (in place: ``model`` is used up)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    # peft's generic unload (IA3's, unlike LoRA's) copies `.weight` from the old module onto the
+    # new one, which fails for a head kept whole that is not one layer (RoBERTa/ELECTRA/XLM-R's
+    # classifier.dense + out_proj, DeBERTa's pooler, ModernBERT's head). Put the trained copies in
+    # place first; what is left to unload are the adapter layers themselves.
+    base = model.get_base_model()
+    wrapped = [(name, module) for name, module in base.named_modules() if isinstance(module, ModulesToSaveWrapper)]
+    for name, module in wrapped:
+        parent_name, _, child_name = name.rpartition(".")
+        trained = module.unload_and_optionally_merge_module(merge=True, safe_merge=False, adapter_names=None)
+        setattr(base.get_submodule(parent_name) if parent_name else base, child_name, trained)
+    return model.merge_and_unload()
+
+
+def save_merged_model(model, tokenizer, out_dir: str | Path) -> Path:
+    """Fold the adapter into the base weights and save a plain transformers model (+ tokenizer).
+
+    Merges in place: ``model`` must not be trained further afterwards.
+    """
+    out_dir = Path(out_dir)
+    merged = merge_adapter(model)
+    merged.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def merged_adapter_run(auto_class, location: str) -> PreTrainedModel:
+    """An adapter run's model with the adapter folded in, its head of the kind the run trained.
+
+    The adapter's peft task type names that head (the run's config.json may still name the base's
+    architecture). It is loaded as its own kind, as evaluating the run does: loaded into a head of
+    another kind, peft fails on head weights it cannot place (RoBERTa's classifier.dense/out_proj
+    against a token classifier's single layer). An adapter without a head kind (MLM, translation)
+    is loaded as ``auto_class``.
+    """
+    import transformers
+
+    kind = _ADAPTER_HEADS.get(json.loads((Path(location) / ADAPTER_CONFIG_FILE).read_text()).get("task_type"))
+    merged = merge_adapter(load_adapter_model(getattr(transformers, f"AutoModel{kind}") if kind else auto_class, location))
+    if kind is not None:
+        merged.config.architectures = [type(merged).__name__]
+    return merged
