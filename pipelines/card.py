@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import RunConfig
-from pipelines.outputs import write_text_atomically
 
 if TYPE_CHECKING:
     from pipelines.task import Task

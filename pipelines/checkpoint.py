@@ -23,9 +23,9 @@ from accelerate import Accelerator
 from accelerate.utils import load as accelerate_load
 from accelerate.utils.constants import RNG_STATE_NAME
 
+from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import absolute_if_local
 from pipelines.errors import UserError, describe
-from pipelines.outputs import write_text_atomically
 
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -412,6 +412,6 @@ def _after_a_failed_save(output_dir: str | Path) -> str:
 
 
 def _write_json_atomically(path: Path, payload: dict) -> None:
-    # Plain json.dumps, not outputs.write_json: a NaN (a diverged loss, a NaN best metric) must read back as
+    # Plain json.dumps, not atomic_writes.write_json: a NaN (a diverged loss, a NaN best metric) must read back as
     # NaN on resume, where strict JSON's null would break the sums and comparisons the loop continues.
     write_text_atomically(path, json.dumps(payload, indent=2))

@@ -31,6 +31,10 @@ class ModelError(UserError, ValueError):
     """A model or tokenizer that cannot serve the configured task (raised by the loaders and the ONNX runner)."""
 
 
+class OutputDirError(UserError, RuntimeError):
+    """An ``output_dir`` (or ``--output``, ``--out``) that cannot be written, or whose contents a write would lose."""
+
+
 def describe(error: BaseException) -> str:
     """``Type: message`` of the most specific exception in a chain, on one line.
 

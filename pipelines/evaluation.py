@@ -25,15 +25,16 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 
 from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model, save_merged_model
+from pipelines.atomic_writes import replacing_folder, write_json
 from pipelines.batching import eval_dataloader, exact_eval_batch_size
 from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
 from pipelines.config import DataConfig, RunConfig
 from pipelines.data import split_source
-from pipelines.errors import ModelError, failures_named
+from pipelines.errors import ModelError, OutputDirError, failures_named
 from pipelines.files import read_inputs
 from pipelines.modeling import check_sequence_lengths
 from pipelines.onnx_model import is_export_dir
-from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, OutputDirError, data_files_by_key, replacing_folder, write_json
+from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
 

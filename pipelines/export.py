@@ -47,10 +47,11 @@ import numpy as np
 import torch
 
 from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model
+from pipelines.atomic_writes import replacing_folder, write_json
 from pipelines.batching import SortedBatchSampler, feature_lengths
 from pipelines.config import RunConfig
 from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime, inference_session, is_export_dir
-from pipelines.outputs import METRICS_FILE, replacing_folder, save_config, write_json
+from pipelines.outputs import METRICS_FILE, save_config
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from pipelines import outputs
 from pipelines.adapters import MERGED_DIR, apply_peft, base_model_id, is_peft_model, save_adapter_run, save_merged_model
+from pipelines.atomic_writes import replacing_files, replacing_folder, write_json
 from pipelines.batching import eval_dataloader, exact_eval_batch_size, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
@@ -40,7 +41,7 @@ from pipelines.checkpoint import (
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
-from pipelines.errors import RunStopped, failures_named
+from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import check_sequence_lengths, count_parameters
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
@@ -364,7 +365,7 @@ def _open_run_dir(
     and the step log (the main process's; None on the others)."""
     run_dir = Path(config.output_dir)
     if accelerator.is_main_process:
-        with failures_named(outputs.OutputDirError, f"output_dir {run_dir}"):
+        with failures_named(OutputDirError, f"output_dir {run_dir}"):
             if replace_old_run:
                 aside = outputs.set_aside_run_dir(run_dir)
                 logger.warning("overwrite=true: the run this one replaces is kept in %s until this one has finished", aside)
@@ -424,18 +425,18 @@ def _finish_run(
     # A full disk reaches safetensors as a SafetensorError and torch.save as a RuntimeError, neither
     # an OSError: without this the run ended in a traceback. metrics.json is not written, so the run
     # stays unfinished and resumable.
-    with failures_named(outputs.OutputDirError, f"output_dir {run_dir}: the trained run could not be saved (free space, then run "
+    with failures_named(OutputDirError, f"output_dir {run_dir}: the trained run could not be saved (free space, then run "
                         "the same command with train.resume_from_checkpoint=latest, or overwrite=true without a checkpoint)"):
         _save_model(accelerator, model, run_dir)
         if accelerator.is_main_process:
             outputs.save_tokenizer(data.tokenizer, run_dir)
             if config.model.peft is not None and config.model.peft.merge:
-                with outputs.replacing_folder(run_dir / MERGED_DIR, label="merged model folder") as staging:
+                with replacing_folder(run_dir / MERGED_DIR, label="merged model folder") as staging:
                     save_merged_model(unwrapped, data.tokenizer, staging)
             task.save_artifacts(predictions, data.eval_examples, str(run_dir))
             outputs.plot_training_curves(log_history, run_dir / outputs.PLOT_FILE)
             write_model_card(run_dir, config, task, summary)
-            outputs.write_json(run_dir / outputs.METRICS_FILE, summary)
+            write_json(run_dir / outputs.METRICS_FILE, summary)
             # After metrics.json: a resume of a run that failed before it reloads the best model from here,
             # and the run it replaces (overwrite=true) is kept until this one is complete.
             shutil.rmtree(run_dir / BEST_MODEL_DIR, ignore_errors=True)
@@ -459,7 +460,7 @@ def _save_model(accelerator, model, folder: Path) -> None:
     state_dict = None if is_peft_model(unwrapped) else student_state_dict(wrapper, accelerator.get_state_dict(model))
     if not accelerator.is_main_process:
         return
-    with outputs.replacing_files(folder, "model") as staging:
+    with replacing_files(folder, "model") as staging:
         if state_dict is None:
             save_adapter_run(unwrapped, staging)
             # peft's stub card would replace the run's own card until the run has rewritten it.

@@ -203,7 +203,7 @@ def trial_dir(plan: SweepPlan, number: int) -> Path:
 
 
 def _objective(trial, plan: SweepPlan, get_task: TaskLookup, release: Callable[[], None]) -> float:
-    from pipelines.outputs import write_json
+    from pipelines.atomic_writes import write_json
     from pipelines.train import train
 
     trial.set_user_attr("worker", _worker_identity())

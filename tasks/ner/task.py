@@ -22,6 +22,7 @@ from datasets import Dataset, DatasetDict
 from pydantic import Field
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
+from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import KeyedOnCode, finalize_splits
 from pipelines.errors import DataError
@@ -29,7 +30,6 @@ from pipelines.files import load_split_files, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import encode_words_as_in_running_text, load_model
-from pipelines.outputs import write_text_atomically
 from pipelines.task import TaskBase
 from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
 from tasks.ner.sentences import (

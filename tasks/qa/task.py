@@ -20,13 +20,13 @@ from datasets import Dataset, DatasetDict
 from pydantic import Field
 from transformers import AutoModelForQuestionAnswering
 
+from pipelines.atomic_writes import write_json
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_columns
 from pipelines.errors import DataError
 from pipelines.files import load_split_files
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model
-from pipelines.outputs import write_json
 from pipelines.task import TaskBase
 from tasks.qa.decoding import postprocess_qa_predictions
 from tasks.qa.pipeline import PIPELINE_TASK

@@ -22,12 +22,12 @@ import torch
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
+from pipelines.atomic_writes import write_json, write_text_atomically
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_text, row_list, split_source
 from pipelines.errors import DataError
 from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.metrics import load_metric
-from pipelines.outputs import write_json, write_text_atomically
 from pipelines.task import TaskBase
 from tasks.translation.build import TranslationModelBuilding
 from tasks.translation.data import _tokenize, empty_rows, to_language_columns

@@ -268,7 +268,7 @@ def test_export_multi_label_parity_counts_labels_switched_on_or_off(tmp_path, mo
 def test_export_overwrite_interrupted_as_the_new_export_moves_in_keeps_the_old_one(runs, tmp_path, monkeypatch):
     """``export --overwrite`` deleted the earlier export before moving the new one in: Ctrl-C or a kill between
     the two kept neither. The earlier export is renamed aside until the new one is in place."""
-    import pipelines.outputs as outputs_module
+    import pipelines.atomic_writes as atomic_writes
 
     out = tmp_path / "onnx"
     export(runs["classification"], out, parity_samples=2)
@@ -281,7 +281,7 @@ def test_export_overwrite_interrupted_as_the_new_export_moves_in_keeps_the_old_o
             raise KeyboardInterrupt
         return replace(source, destination)
 
-    monkeypatch.setattr(outputs_module.os, "replace", interrupted)
+    monkeypatch.setattr(atomic_writes.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         export(runs["classification"], out, parity_samples=2, overwrite=True)
     assert {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()} == before

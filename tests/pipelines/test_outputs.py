@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipelines.outputs import StepLog, write_json
+from pipelines.atomic_writes import write_json
+from pipelines.outputs import StepLog
 
 
 def strict_json(text: str):
@@ -124,7 +125,7 @@ def test_outputs_a_model_save_killed_mid_write_leaves_the_saved_model_whole(tmp_
 def test_outputs_a_model_saved_over_another_layout_is_the_one_that_loads(tmp_path, tiny_bert):
     # transformers loads model.safetensors before an index, and that before pytorch_model.bin: a weight file
     # of the old layout left beside the new one is loaded in its place, or lingers as a second model.
-    from pipelines.outputs import replacing_files
+    from pipelines.atomic_writes import replacing_files
     from pipelines.train import _save_model
 
     old, new = _classifier(tiny_bert, 0), _classifier(tiny_bert, 1)
@@ -147,7 +148,8 @@ def test_outputs_refusals_name_the_finished_run_an_interrupted_overwrite_set_asi
     # overwrite=true keeps the old run in .<name>.replaced until the new one finishes; after an interruption
     # every refusal of the folder read as if that finished run were lost.
     from pipelines.config import load_config
-    from pipelines.outputs import OutputDirError, check_output_dir, replaced_run_dir
+    from pipelines.errors import OutputDirError
+    from pipelines.outputs import check_output_dir, replaced_run_dir
     from tasks import get_task
     from tests.conftest import classification_config
 

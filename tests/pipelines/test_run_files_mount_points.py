@@ -103,21 +103,21 @@ def test_run_files_export_out_on_a_mount_point_exits_2_naming_out(lora_run, tmp_
 def test_run_files_a_bind_mount_missed_by_ismount_is_found_in_the_mount_table(tmp_path, monkeypatch):
     # docker -v host_dir:/out binds a folder of the same file system: same device as its parent, so
     # os.path.ismount says False; the kernel's mount table lists it (a space written as \040).
-    from pipelines import outputs
+    from pipelines import atomic_writes
 
     volume = tmp_path / "my volume"
     volume.mkdir()
     escaped = str(volume).replace(" ", "\\040")
     table = tmp_path / "mountinfo"
     table.write_text(f"22 27 0:21 / /proc rw,relatime - proc proc rw\n36 27 8:1 /srv/out {escaped} rw,relatime - ext4 /dev/sda1 rw\n")
-    monkeypatch.setattr(outputs, "MOUNT_TABLE", table)
+    monkeypatch.setattr(atomic_writes, "MOUNT_TABLE", table)
     assert not os.path.ismount(volume)
-    with pytest.raises(outputs.OutputDirError, match="it is a mount point"):
-        outputs.check_replaceable_folder(volume, "--out")
+    with pytest.raises(atomic_writes.OutputDirError, match="it is a mount point"):
+        atomic_writes.check_replaceable_folder(volume, "--out")
     (tmp_path / "my").mkdir()  # a prefix of the listed point is not one
-    outputs.check_replaceable_folder(tmp_path / "my", "--out")
-    monkeypatch.setattr(outputs, "MOUNT_TABLE", tmp_path / "absent")  # not Linux: ismount alone
-    outputs.check_replaceable_folder(volume, "--out")
+    atomic_writes.check_replaceable_folder(tmp_path / "my", "--out")
+    monkeypatch.setattr(atomic_writes, "MOUNT_TABLE", tmp_path / "absent")  # not Linux: ismount alone
+    atomic_writes.check_replaceable_folder(volume, "--out")
 
 
 def test_run_files_merge_out_through_a_symlink_fills_the_linked_folder_and_keeps_the_link(lora_run, tmp_path):
