@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,17 @@ def cli_env(**extra: str) -> dict[str, str]:
     env.update(PYTHONPATH=python_path, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.update(extra)
     return env
+
+
+def signal_after_logged_losses(process: subprocess.Popen, log: Path, count: int, signal_number: int, *, timeout: float = 120) -> str:
+    """Send ``signal_number`` to a running CLI ``process`` once its ``log.jsonl`` holds ``count`` loss records,
+    and return its stderr once it has ended; fail with that stderr if it ends (or ``timeout`` passes) first."""
+    deadline = time.monotonic() + timeout
+    while not (log.is_file() and sum("loss" in line for line in log.read_text().splitlines()) >= count):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.01)
+    process.send_signal(signal_number)
+    return process.communicate(timeout=timeout)[1]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:

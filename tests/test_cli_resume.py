@@ -7,13 +7,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli
+from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli, signal_after_logged_losses
 
 TRAIN = dict(num_epochs=3, eval_steps=5, save_steps=4, logging_steps=1, lr_scheduler="linear", warmup_steps=2,
              gradient_accumulation_steps=2, batch_size=8)
@@ -78,14 +77,11 @@ def test_cli_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_bert
     assert expected_metrics["train_samples"] == 288  # 3 epochs of 96
     for key in ("train_samples", "train_tokens"):
         assert metrics[key] == expected_metrics[key], key
-    # Every logged step after the checkpoint, through the next epochs, has the same loss.
-    steps = [record["step"] for record in losses]
-    assert steps == sorted(set(steps)), "log.jsonl repeats steps the interrupted run logged after its checkpoint"
-    resumed = {record["step"]: record["loss"] for record in losses if record["step"] > 8}
-    assert sorted(resumed) == list(range(9, 19))
-    for record in expected_losses:
-        if record["step"] > 8:
-            assert resumed[record["step"]] == pytest.approx(record["loss"], rel=1e-5, abs=1e-6), record["step"]
+    # Every step logged once (not again for the steps the interrupted run logged after its checkpoint), with the
+    # loss of the uninterrupted run: those before the checkpoint as recorded, those after as trained again.
+    assert [record["step"] for record in losses] == list(range(1, 19))
+    for record, expected in zip(losses, expected_losses, strict=True):
+        assert record["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-6), record["step"]
 
 
 def test_cli_sigterm_checkpoints_the_step_it_stops_at_and_the_resume_matches_uninterrupted(tmp_path, tiny_bert, sentiment_files):
@@ -99,13 +95,7 @@ def test_cli_sigterm_checkpoints_the_step_it_stops_at_and_the_resume_matches_uni
     stopped = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="stopped", **keys)
     process = subprocess.Popen([sys.executable, "-c", SLOW_TRAINING, "train", str(stopped)], cwd=REPO_ROOT, env=cli_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = tmp_path / "stopped" / "log.jsonl"
-    deadline = time.monotonic() + 300
-    while not (log.is_file() and sum("loss" in line for line in log.read_text().splitlines()) >= 3):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-        time.sleep(0.01)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=300)
+    stderr = signal_after_logged_losses(process, tmp_path / "stopped" / "log.jsonl", 3, signal.SIGTERM, timeout=300)
 
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr

@@ -7,11 +7,10 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import torch
 
-from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli
+from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli, signal_after_logged_losses
 from tests.test_cli_resume import SLOW_TRAINING
 
 PINNED = {"mixed_precision": "no", "torch_num_threads": 1}
@@ -28,13 +27,7 @@ def test_cli_signals_ctrl_c_before_the_first_checkpoint_leaves_a_run_whose_rerun
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        log = tmp_path / "run" / "log.jsonl"
-        deadline = time.monotonic() + 120
-        while not (log.is_file() and "loss" in log.read_text()):
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-            time.sleep(0.01)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=120)
+        stderr = signal_after_logged_losses(process, tmp_path / "run" / "log.jsonl", 1, signal.SIGINT)
     finally:
         process.kill()
     assert process.returncode == 130, stderr[-3000:]
@@ -136,13 +129,7 @@ def test_cli_signals_a_sigterm_to_a_one_process_accelerate_launch_reaches_the_ru
         cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        log = tmp_path / "run" / "log.jsonl"
-        deadline = time.monotonic() + 120
-        while not (log.is_file() and sum("loss" in line for line in log.read_text().splitlines()) >= 3):
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-            time.sleep(0.01)
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=120)
+        stderr = signal_after_logged_losses(process, tmp_path / "run" / "log.jsonl", 3, signal.SIGTERM)
     finally:
         process.kill()
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
