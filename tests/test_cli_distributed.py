@@ -6,6 +6,8 @@ MLM, a two-process run whose final evaluation is what one process evaluates on t
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,13 +113,44 @@ def ended(process: subprocess.Popen, timeout: int = 600) -> str:
         return process.communicate(timeout=timeout)[1]
     except subprocess.TimeoutExpired:
         workers = psutil.Process(process.pid).children(recursive=True)
+        native = native_stacks(workers)
         for worker in workers:
             worker.send_signal(signal.SIGABRT)  # faulthandler prints the stacks, then the process ends
         psutil.wait_procs(workers, timeout=10)
         process.kill()
         stderr = process.communicate()[1]
-        pytest.fail(f"the launched run did not end within {timeout} s; its processes' stacks:\n{stderr[-12000:]}")
+        pytest.fail(f"the launched run did not end within {timeout} s; its processes' stacks:\n{stderr[-12000:]}{native}")
 
+
+def native_stacks(workers) -> str:
+    """Each process's C stack as well (py-spy, a dev dependency): a process stuck in C code (a collective, an
+    object's destructor) shows no Python frame below the call that entered it."""
+    spy = shutil.which("py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if spy is None:
+        return ""
+    dumps = []
+    for worker in workers:
+        try:
+            dump = subprocess.run([spy, "dump", "--native", "--pid", str(worker.pid)], capture_output=True, text=True, timeout=60)
+            dumps.append(dump.stdout[-6000:] + dump.stderr[-1000:])
+        except subprocess.TimeoutExpired:
+            dumps.append(f"py-spy dump of {worker.pid} did not end within 60 s")
+    return "\n\nnative stacks (py-spy dump --native):\n" + "\n".join(dumps)
+
+
+
+def test_cli_distributed_a_launched_run_that_hangs_fails_with_each_processs_python_and_c_stack():
+    """What a hung two-process test reports: the launcher's children are stopped after ``timeout`` with their
+    stacks in the failure, not a bare timeout (a process stuck in C shows only the Python call that entered it)."""
+    sleeper = "import time\ndef wait_for_a_peer_that_never_comes():\n    time.sleep(600)\nwait_for_a_peer_that_never_comes()\n"
+    launcher = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"],
+                                env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        ended(launcher, timeout=3)
+    report = str(failed.value)
+    assert "did not end within 3 s" in report and "in wait_for_a_peer_that_never_comes" in report, report
+    if shutil.which("py-spy", path=str(Path(sys.executable).parent)):
+        assert "native stacks" in report and "time_sleep" in report, report
 
 def finish(process: subprocess.Popen) -> None:
     stderr = ended(process)
