@@ -109,7 +109,7 @@ def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         state = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        for shard in sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())):
             state.update(load_file(folder / shard))
         return state
     binary = folder / "pytorch_model.bin"
@@ -224,7 +224,7 @@ def convert_bert(src: str, dst: str, reverse: bool = False) -> None:
     from . import bert as bertpipe_bert
 
     src_path, dst_path = Path(src), Path(dst)
-    config_dict = json.loads((src_path / "config.json").read_text())
+    config_dict = json.loads((src_path / "config.json").read_text(encoding="utf-8"))
     state = _load_state_dict(src_path)
     if reverse:
         if config_dict.get("model_type") != "bertpipe_bert":

@@ -22,7 +22,7 @@ def _load(model_dir: str):
 
     import models  # registers bertpipe_* with the Auto classes
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     load_kwargs = {} if config.get("model_type", "").startswith("bertpipe_") else {"attn_implementation": "eager"}
     # The saved class (head included) loads without missing/unexpected weights; heads return attentions too.
     architecture = (config.get("architectures") or [""])[0]

@@ -217,7 +217,7 @@ def is_adapter_dir(path: str | Path) -> bool:
 
 def adapter_base_model(run_dir: str | Path) -> str:
     """The base model id an adapter run directory records."""
-    recorded = json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text()).get("base_model_name_or_path")
+    recorded = json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8")).get("base_model_name_or_path")
     if not recorded:
         raise ModelError(f"{run_dir}/{ADAPTER_CONFIG_FILE} names no base_model_name_or_path; cannot rebuild the base model")
     return recorded
@@ -225,7 +225,7 @@ def adapter_base_model(run_dir: str | Path) -> str:
 
 def adapter_base_revision(run_dir: str | Path) -> str | None:
     """The base model revision an adapter run directory records (peft's ``revision``; None: the default branch)."""
-    return json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text()).get("revision")
+    return json.loads((Path(run_dir) / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8")).get("revision")
 
 
 def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bool = False):
@@ -374,7 +374,7 @@ def merged_adapter_run(auto_class, location: str) -> PreTrainedModel:
     """
     import transformers
 
-    kind = _ADAPTER_HEADS.get(json.loads((Path(location) / ADAPTER_CONFIG_FILE).read_text()).get("task_type"))
+    kind = _ADAPTER_HEADS.get(json.loads((Path(location) / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8")).get("task_type"))
     merged = merge_adapter(load_adapter_model(getattr(transformers, f"AutoModel{kind}") if kind else auto_class, location))
     if kind is not None:
         merged.config.architectures = [type(merged).__name__]

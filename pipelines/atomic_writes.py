@@ -23,7 +23,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pipelines.errors import OutputDirError
 
@@ -159,15 +159,22 @@ def write_text_atomically(path: Path, text: str) -> None:
     """``path`` is either left as it was or holds all of ``text``: a full disk or an interruption
     mid-write never leaves it truncated (a resume rewrites ``config.yaml``, the file that marks
     the folder as a bertpipe run)."""
+    with writing_atomically(path) as handle:
+        handle.write(text)
+
+
+@contextlib.contextmanager
+def writing_atomically(path: Path) -> Iterator[TextIO]:
+    """A text file (UTF-8, newlines as written) whose contents become ``path`` in one rename once the block
+    has ended without an error; until then, and after an error, ``path`` is as it was and nothing is left
+    beside it. For a file written piece by piece (``bertpipe predict``'s rows)."""
     temporary = path.with_name(path.name + ".tmp")
     try:
-        temporary.write_text(text, encoding="utf-8", newline="")
-        # Renamed before its contents reach the disk, a power loss could leave an empty file under the name.
-        descriptor = os.open(temporary, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        with open(temporary, "w", encoding="utf-8", newline="") as handle:
+            yield handle
+            handle.flush()
+            # Renamed before its contents reach the disk, a power loss could leave an empty file under the name.
+            os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException as error:
         with contextlib.suppress(OSError):

@@ -88,7 +88,7 @@ class TrainerState:
 
     @classmethod
     def read(cls, folder: Path) -> "TrainerState":
-        return cls(**json.loads((folder / STATE_FILE).read_text()))
+        return cls(**json.loads((folder / STATE_FILE).read_text(encoding="utf-8")))
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -148,7 +148,7 @@ def save_checkpoint(
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             if config is not None:
-                (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+                (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
                 _write_json_atomically(partial / SOURCES_FILE, source_digests(config) if sources is None else sources)
             _write_json_atomically(partial / STATE_FILE, asdict(state))
     except BaseException as error:  # a full disk, and Ctrl-C too: neither leaves half a checkpoint behind
@@ -296,13 +296,13 @@ def check_resume_config(folder: Path, current: dict) -> None:
     else:
         return
     try:
-        saved = yaml.safe_load(source.read_text())
+        saved = yaml.safe_load(source.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise CheckpointError(f"checkpoint {folder}: its config {source} cannot be read: {error}") from error
     sources = {}
     if source == folder / CONFIG_FILE and (folder / SOURCES_FILE).is_file():  # checkpoints from before it: paths compared
         try:
-            sources = json.loads((folder / SOURCES_FILE).read_text())
+            sources = json.loads((folder / SOURCES_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             raise CheckpointError(f"checkpoint {folder} cannot be loaded: {folder / SOURCES_FILE}: {describe(error)}") from error
     differences = resume_differences(saved or {}, current, sources=sources if isinstance(sources, dict) else {})

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,7 +24,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 
 from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model, save_merged_model
-from pipelines.atomic_writes import replacing_folder, write_json
+from pipelines.atomic_writes import replacing_folder, write_json, writing_atomically
 from pipelines.batching import eval_dataloader, exact_eval_batch_size
 from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
 from pipelines.config import DataConfig, RunConfig
@@ -188,18 +187,11 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     rows = with_input_columns(task.format_predictions(predictions, examples), input_path, task.input_columns(), config.data.encoding)
     if accelerator.is_main_process:
         output = Path(output_path)
-        partial = output.with_name(output.name + ".partial")
         with failures_named(OutputDirError, f"--output {output_path}"):
             output.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                with open(partial, "w") as handle:
-                    for row in rows:
-                        handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-                os.replace(partial, output)
-            except BaseException:
-                # A full disk or Ctrl-C mid-write: no half-written file is left beside the output.
-                partial.unlink(missing_ok=True)
-                raise
+            with writing_atomically(output) as handle:
+                for row in rows:
+                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     return len(rows)
 
 

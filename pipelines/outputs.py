@@ -44,7 +44,7 @@ def is_run_dir(folder: str | Path) -> bool:
     if not path.is_file():
         return False
     try:
-        saved = yaml.safe_load(path.read_text())
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(saved, dict) and "task" in saved and "output_dir" in saved

@@ -78,7 +78,7 @@ def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str |
             shutil.copy2(folder / name, out_dir / name)
             staged.append(name)
     adapter = is_adapter_dir(run_dir) and not merged
-    card = build_model_card(config, task, json.loads((run_dir / METRICS_FILE).read_text()), model_name=repo_id, adapter=adapter)
+    card = build_model_card(config, task, json.loads((run_dir / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter)
     card.save(out_dir / "README.md")
     return sorted([*staged, "README.md"])
 

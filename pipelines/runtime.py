@@ -68,7 +68,7 @@ def native_bf16() -> bool:
         # Without including_emulation=False, torch answers True on pre-Ampere GPUs that only emulate bf16.
         return torch.cuda.is_bf16_supported(including_emulation=False)
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -50,7 +50,7 @@ def run_dir_of(name: str, out: Path) -> Path:
 
 
 def read_row(name: str, out: Path) -> dict:
-    metrics = json.loads((run_dir_of(name, out) / "metrics.json").read_text())
+    metrics = json.loads((run_dir_of(name, out) / "metrics.json").read_text(encoding="utf-8"))
     return {"variant": name, **{k: metrics[k] for k in ("eval_perplexity", "eval_accuracy", "train_tokens_per_second")}}
 
 
@@ -97,7 +97,7 @@ def write_report(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
         "| --- | --- | --- | --- |",
         *(f"| {r['variant']} | {r['eval_perplexity']:.1f} | {r['eval_accuracy']:.3f} | {r['train_tokens_per_second']:.0f} |" for r in rows),
     ]
-    (out / "ablation.md").write_text("\n".join(lines) + "\n")
+    (out / "ablation.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     names = [r["variant"].split(" (")[0] for r in rows]
     perplexity = left.barh(names, [r["eval_perplexity"] for r in rows])
@@ -136,7 +136,7 @@ def main() -> None:
             rows.append(run_variant(args.config, name, VARIANTS[name], args.out, args))
             print(json.dumps(rows[-1]), flush=True)
     write_report(rows, args.out, args)
-    print((args.out / "ablation.md").read_text())
+    print((args.out / "ablation.md").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":

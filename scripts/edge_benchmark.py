@@ -76,7 +76,7 @@ def phase_evaluate(teacher: Path, student: Path, out: Path) -> None:
 def run_task(run_dir: Path) -> str:
     import yaml
 
-    task = yaml.safe_load((run_dir / "config.yaml").read_text())["task"]
+    task = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["task"]
     if task not in METRIC:
         raise SystemExit(f"edge_benchmark: {run_dir} is a {task!r} run; the benchmark covers {sorted(METRIC)}")
     return task
@@ -92,7 +92,7 @@ def eval_sentences(run_dir: Path) -> list:
     config = load_config(None, [], lambda name: get_task(name).Options, base=load_saved_config(run_dir))
     task = get_task(config.task)(config)
     if config.task == "ner":  # the tag set comes from the run, as when evaluating it
-        id2label = json.loads((run_dir / "config.json").read_text())["id2label"]
+        id2label = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["id2label"]
         task.label_names = [id2label[str(index)] for index in range(len(id2label))]
         return list(task.load(include_train=False)[config.data.eval_split]["tokens"])
     examples = task.load(include_train=False)[config.data.eval_split]
@@ -102,7 +102,7 @@ def eval_sentences(run_dir: Path) -> list:
 def peak_rss_mb() -> float:
     """This process's peak RSS. VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the
     forking parent across exec, so every child would report at least the parent's peak."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -119,7 +119,7 @@ def make_predictor(kind: str, task: str, folder: Path, max_length: int):
     tokenizer.enable_truncation(max_length=max_length)
     pad_id = tokenizer.token_to_id("[PAD]") or 0
     tokenizer.enable_padding(pad_id=pad_id, pad_token="[PAD]")
-    id2label = json.loads((folder / "config.json").read_text())["id2label"]
+    id2label = json.loads((folder / "config.json").read_text(encoding="utf-8"))["id2label"]
     names = [id2label[str(index)] for index in range(len(id2label))]
 
     def encode(inputs: list):
@@ -184,7 +184,7 @@ def measure(kind: str, task: str, folder: Path, sentences_file: Path, count: int
     """Runs in its own process: batch-1 latency, batch-32 throughput, peak RSS of ``make_predictor``'s calls."""
     import numpy as np
 
-    sentences = json.loads(sentences_file.read_text())
+    sentences = json.loads(sentences_file.read_text(encoding="utf-8"))
     predict, size = make_predictor(kind, task, folder, max_length)
     single = sentences[:count]
     for sentence in single[:20]:  # warm-up: allocator, kernels, ORT's first-run graph work
@@ -228,11 +228,11 @@ def phase_time(teacher: Path, student: Path, out: Path, count: int, rounds: int,
     task = run_task(teacher)
     sentences_file = out / "eval_sentences.json"
     if not sentences_file.exists():
-        sentences_file.write_text(json.dumps(eval_sentences(teacher)))
-    max_length = yaml.safe_load((teacher / "config.yaml").read_text())["data"]["max_seq_length"]
+        sentences_file.write_text(json.dumps(eval_sentences(teacher)), encoding="utf-8")
+    max_length = yaml.safe_load((teacher / "config.yaml").read_text(encoding="utf-8"))["data"]["max_seq_length"]
     measured: dict[str, list[dict]] = {row["name"]: [] for row in rows(teacher, student, out)}
     if add and (out / "timings.json").exists():
-        earlier = json.loads((out / "timings.json").read_text())
+        earlier = json.loads((out / "timings.json").read_text(encoding="utf-8"))
         if earlier["task"] != task or set(earlier["measured"]) != set(measured):
             raise SystemExit(f"edge_benchmark: {out / 'timings.json'} holds other rows; run without --add")
         measured = earlier["measured"]
@@ -247,7 +247,7 @@ def phase_time(teacher: Path, student: Path, out: Path, count: int, rounds: int,
             measured[row["name"]].append(json.loads(result.stdout.strip().splitlines()[-1]))
             print(f"round {round_index + 1}/{done + rounds}", row["name"], measured[row["name"]][-1], flush=True)
         # after every round, so an interrupted timing keeps what it measured
-        (out / "timings.json").write_text(json.dumps({"task": task, "rounds": round_index + 1, "measured": measured}, indent=2) + "\n")
+        (out / "timings.json").write_text(json.dumps({"task": task, "rounds": round_index + 1, "measured": measured}, indent=2) + "\n", encoding="utf-8")
 
 
 def summarise(measurements: list[dict]) -> dict:
@@ -262,18 +262,18 @@ def summarise(measurements: list[dict]) -> dict:
 
 
 def phase_report(teacher: Path, student: Path, out: Path) -> None:
-    timings = json.loads((out / "timings.json").read_text())
+    timings = json.loads((out / "timings.json").read_text(encoding="utf-8"))
     task = timings["task"]
     metric, metric_name = METRIC[task]
     table = []
     teacher_torch = None
     for row in rows(teacher, student, out):
-        evaluated = json.loads((row["dir"] / "eval_validation.json").read_text())
+        evaluated = json.loads((row["dir"] / "eval_validation.json").read_text(encoding="utf-8"))
         timing = summarise(timings["measured"][row["name"]])
         entry = {"row": row["name"], metric_name: evaluated[metric], "eval_samples": evaluated["eval_samples"], **timing}
         export_file = row["dir"] / "export.json"
         if export_file.exists():
-            parity = json.loads(export_file.read_text())["parity"]
+            parity = json.loads(export_file.read_text(encoding="utf-8"))["parity"]
             entry["parity"] = parity.get("int8", parity["fp32"])
         teacher_torch = teacher_torch or entry
         entry["speedup_b1"] = teacher_torch["latency_p50_ms"] / entry["latency_p50_ms"]
@@ -295,8 +295,8 @@ def phase_report(teacher: Path, student: Path, out: Path) -> None:
             f"{e['peak_rss_mb']:.0f} | {agree} |"
         )
     markdown = "\n".join(lines) + "\n"
-    (out / "edge_benchmark.md").write_text(markdown)
-    (out / "edge_benchmark.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out / "edge_benchmark.md").write_text(markdown, encoding="utf-8")
+    (out / "edge_benchmark.json").write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
     print(markdown)
 
 

@@ -71,7 +71,7 @@ def read_freeze(path: Path | None) -> dict[str, str]:
         return {}
     _, canonicalize_name, _ = _packaging()
     have = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         line = line.strip()
         if not line or line.startswith(("#", "-")):
             continue
@@ -115,7 +115,7 @@ def _project_dependencies() -> list[str]:
         import tomllib
     except ImportError:  # Python 3.10
         return []
-    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
 
 
 def download_wheels(names: dict[str, str], folder: Path, python_version: str, log: list[str]) -> dict[str, str]:
@@ -199,7 +199,7 @@ def bundle(directory: Path, *, python_version: str, have_file: Path | None, whee
         "dependencies_present_on_target": sorted(name for name in dependency_closure(python_version) if name in have),
         "left_out": left_out, "notes": notes, "files": files,
     }
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     if manifest["total_mb"] > max_mb:
         raise SystemExit(f"the bundle is {manifest['total_mb']} MB, over the {max_mb:g} MB limit")
     return manifest
@@ -290,7 +290,7 @@ class Runner:
     def call(self, step: Step, args: list[str], *, timeout: int = 900, log: str | None = None) -> subprocess.CompletedProcess:
         result = subprocess.run(args, cwd=self.source, env=self.env(), capture_output=True, text=True, timeout=timeout)
         text = f"$ {' '.join(args)}\n--- exit {result.returncode}\n--- stdout\n{result.stdout[-LOG_TAIL_CHARS:]}\n--- stderr\n{result.stderr[-LOG_TAIL_CHARS:]}\n"
-        with open(self.out / "logs" / f"{log or step.name}.log", "a") as handle:
+        with open(self.out / "logs" / f"{log or step.name}.log", "a", encoding="utf-8") as handle:
             handle.write(text)
         if result.returncode != 0:
             raise StepFailed(f"exit {result.returncode}: {_last_line(result.stderr) or _last_line(result.stdout)}")
@@ -384,7 +384,7 @@ class Runner:
         folder = self.work / "benchmark"
         self.bertpipe(step, "benchmark", "configs/classification/sst2.yaml", *self.sizes.benchmark, "--seeds", str(self.sizes.benchmark_seeds),
                       "--output-dir", str(folder), timeout=1200)
-        result = json.loads((folder / "benchmark.json").read_text())
+        result = json.loads((folder / "benchmark.json").read_text(encoding="utf-8"))
         step.details = {key: result[key] for key in ("config", "train_examples", "eval_examples", "metric", "rows", "ratios", "runs")}
         shutil.copy2(folder / "benchmark.md", self.out / "benchmark.md")
         metric = result["metric"]
@@ -401,7 +401,7 @@ class Runner:
         self.call(step, [self.python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                          "--dynamo_backend", "no", "--main_process_port", "29631", "scripts/train.py", "configs/classification/sst2.yaml",
                          f"output_dir={run}", "overwrite=true", *self.sizes.ddp], timeout=900)
-        metrics = json.loads((run / "metrics.json").read_text())
+        metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         step.details = metrics
         if metrics["num_processes"] != 2:
             raise StepFailed(f"ran with {metrics['num_processes']} process(es), not 2")
@@ -429,7 +429,7 @@ class Runner:
                   log="fsdp_resume")
         served = self.call(step, [self.python, "-c", "import sys; from transformers import pipeline;"
                                   "print(pipeline('text-classification', model=sys.argv[1])('a gorgeous, moving film'))", str(run)]).stdout
-        metrics, again = (json.loads((folder / "metrics.json").read_text()) for folder in (run, resumed))
+        metrics, again = (json.loads((folder / "metrics.json").read_text(encoding="utf-8")) for folder in (run, resumed))
         step.details = {"run": metrics, "resumed": again}
         if abs(metrics["eval_accuracy"] - again["eval_accuracy"]) > 0.01:
             raise StepFailed(f"resumed at step 30: eval_accuracy {again['eval_accuracy']:.4f}, uninterrupted {metrics['eval_accuracy']:.4f}")
@@ -441,8 +441,8 @@ class Runner:
         pretrained = self.work / "pretrain"
         self.bertpipe(step, "train", "configs/pretrain/wikitext2_mlm.yaml", f"output_dir={pretrained}", "overwrite=true",
                       f"data.files.train={json.dumps(texts)}", *self.sizes.pretrain, timeout=1200)
-        mlm = json.loads((pretrained / "metrics.json").read_text())
-        architecture = json.loads((pretrained / "config.json").read_text())
+        mlm = json.loads((pretrained / "metrics.json").read_text(encoding="utf-8"))
+        architecture = json.loads((pretrained / "config.json").read_text(encoding="utf-8"))
         shape = {key: architecture[key] for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
                                                     "max_position_embeddings", "vocab_size")}
         results: dict[str, list[float]] = {"pretrained": [], "random init": []}
@@ -453,12 +453,12 @@ class Runner:
                 run = self.work / f"sst2-{label.replace(' ', '-')}-{seed}"
                 self.bertpipe(step, "train", "configs/classification/sst2.yaml", f"output_dir={run}", "overwrite=true", f"seed={42 + seed}",
                               *model, *self.sizes.finetune, timeout=900)
-                results[label].append(json.loads((run / "metrics.json").read_text())["eval_accuracy"])
+                results[label].append(json.loads((run / "metrics.json").read_text(encoding="utf-8"))["eval_accuracy"])
         probe = self.call(step, [self.python, "scripts/linear_probe.py", f"random:{pretrained}", str(pretrained), MODEL_ID,
                                  "--json", str(self.out / "linear_probe.json"), *self.sizes.probe], timeout=900, log="linear_probe")
         step.details = {"mlm": {k: mlm.get(k) for k in ("eval_perplexity", "eval_accuracy", "global_step", "train_runtime",
                                                          "train_tokens_per_second", "mixed_precision")},
-                        "sst2_accuracy": results, "linear_probe": json.loads((self.out / "linear_probe.json").read_text()),
+                        "sst2_accuracy": results, "linear_probe": json.loads((self.out / "linear_probe.json").read_text(encoding="utf-8")),
                         "linear_probe_table": probe.stdout.strip()}
         mean = {label: sum(values) / len(values) for label, values in results.items()}
         return (f"MLM {mlm['global_step']} updates in {mlm['train_runtime']:.0f} s, perplexity {mlm['eval_perplexity']:.1f}; "
@@ -469,13 +469,13 @@ class Runner:
         failed = [step.name for step in self.steps if step.status == "failed"]
         document = {"dry_run": self.dry_run, "bundle": str(self.bundle), "facts": self.facts, "failed": failed,
                     "steps": [asdict(step) for step in self.steps]}
-        (self.out / "gpu_check.json").write_text(json.dumps(document, indent=1, default=str))
+        (self.out / "gpu_check.json").write_text(json.dumps(document, indent=1, default=str), encoding="utf-8")
         lines = [f"# bertpipe GPU check{' (dry run, CPU, toy sizes)' if self.dry_run else ''}", "",
                  f"{self.facts.get('gpu_name') or 'no GPU'}; python {self.facts.get('python', '?')}, torch {self.facts.get('torch', '?')}; "
                  f"{'all steps passed' if not failed else 'FAILED: ' + ', '.join(failed)}", "",
                  "| step | status | seconds | result |", "| --- | --- | ---: | --- |"]
         lines += [f"| {s.name} | {s.status} | {s.seconds} | {s.summary.replace('|', '/')} |" for s in self.steps]
-        (self.out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+        (self.out / "gpu_check.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def plan(self) -> list[tuple[str, Callable[[Step], str], bool]]:
         """(name, step, needs CUDA) in order; environment and install always run: the others need them."""

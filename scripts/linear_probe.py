@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append({"encoder": spec, "cls_accuracy": accuracy["cls"], "mean_accuracy": accuracy["mean"]})
         print(f"{spec:48s} {accuracy['cls']:7.3f} {accuracy['mean']:7.3f}", flush=True)
     if arguments.json:
-        arguments.json.write_text(json.dumps(rows, indent=2) + "\n")
+        arguments.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     return rows
 
 

@@ -52,7 +52,7 @@ def phase_of(stack: str) -> str:
 def read_profile(path: Path) -> Counter:
     """Samples per phase in one py-spy raw profile."""
     counts: Counter = Counter()
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
             counts[phase_of(stack)] += int(count)

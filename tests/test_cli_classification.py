@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import classification_config, run_cli, write_jsonl
+from tests.conftest import classification_config, cli_env, run_cli, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +116,19 @@ def test_cli_predict_reads_inputs_in_the_encoding_given(trained_run, tmp_path):
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["text"] for row in rows] == ["the film was superb", "awful, dull plot: a déjà vu"]
 
+
+
+def test_cli_predict_writes_utf8_whatever_the_locale(trained_run, tmp_path):
+    # Under a locale whose encoding is not UTF-8 (Windows' cp1252, a POSIX shell without UTF-8 mode), the
+    # predictions were written in that encoding: CJK text failed with "'ascii' codec can't encode" or came
+    # out as bytes no JSON reader decodes.
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text(json.dumps({"sentence": "映画は素晴らしい, a déjà vu"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    output = tmp_path / "predictions.jsonl"
+    ascii_locale = cli_env(LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(output), env=ascii_locale)
+    rows = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert [row["text"] for row in rows] == ["映画は素晴らしい, a déjà vu"]
 
 def test_cli_refuses_to_overwrite_a_finished_run(trained_run, tmp_path):
     config = trained_run / "config.yaml"

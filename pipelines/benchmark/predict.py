@@ -58,7 +58,7 @@ def predict_one(spec: PredictSpec, get_task: TaskLookup) -> dict[str, Any]:
         from pipelines.evaluation import predict_file
 
         predict_file(config, task, spec.run_dir, spec.input_path, spec.output_path)
-        rows = [json.loads(line) for line in Path(spec.output_path).read_text().splitlines()]
+        rows = [json.loads(line) for line in Path(spec.output_path).read_text(encoding="utf-8").splitlines()]
         labels, scores = [row["label"] for row in rows], [row["score"] for row in rows]
     else:
         from transformers import pipeline
@@ -67,7 +67,7 @@ def predict_one(spec: PredictSpec, get_task: TaskLookup) -> dict[str, Any]:
         predictor = pipeline(task.pipeline_tag, model=spec.run_dir, batch_size=batch_size, device="cpu" if not has_accelerator_device() else None)
         outputs = predictor(inputs, truncation=True, max_length=config.data.max_seq_length)
         labels, scores = [row["label"] for row in outputs], [row["score"] for row in outputs]
-        with open(spec.output_path, "w") as handle:
+        with open(spec.output_path, "w", encoding="utf-8") as handle:
             for given, label, score in zip(inputs, labels, scores):
                 row = given if isinstance(given, dict) else {"text": given}
                 handle.write(json.dumps({**row, "label": label, "score": score}, ensure_ascii=False) + "\n")
@@ -142,7 +142,7 @@ def run_predict_benchmark(
         f" (differing rows: {agreement['differing_rows']}); largest score difference {agreement['max_score_difference']:.2e}.",
     ]
     table = "\n".join(lines) + "\n"
-    (out / PREDICT_MARKDOWN).write_text(table)
+    (out / PREDICT_MARKDOWN).write_text(table, encoding="utf-8")
     stored_runs = [{k: v for k, v in r.items() if k not in ("labels", "scores")} for r in runs]
-    (out / PREDICT_JSON).write_text(json.dumps({"rows": rows, "agreement": agreement, "speedup": speedup, "runs": stored_runs}, indent=2) + "\n")
+    (out / PREDICT_JSON).write_text(json.dumps({"rows": rows, "agreement": agreement, "speedup": speedup, "runs": stored_runs}, indent=2) + "\n", encoding="utf-8")
     return {"table": table, "rows": rows, "agreement": agreement, "speedup": speedup, "output_dir": str(out)}

@@ -150,6 +150,6 @@ def run_benchmark(
         "load_average": {"start": load_at_start, "end": os.getloadavg()},
     }
     table = format_table(summary, header)
-    (out / RESULTS_MARKDOWN).write_text(table)
-    (out / RESULTS_JSON).write_text(json.dumps({**header, **summary, "runs": runs}, indent=2) + "\n")
+    (out / RESULTS_MARKDOWN).write_text(table, encoding="utf-8")
+    (out / RESULTS_JSON).write_text(json.dumps({**header, **summary, "runs": runs}, indent=2) + "\n", encoding="utf-8")
     return {"table": table, "summary": summary, "runs": runs, "output_dir": str(out)}

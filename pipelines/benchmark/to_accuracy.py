@@ -188,8 +188,8 @@ def run_to_accuracy(
         "load_average": {"start": load_at_start, "end": os.getloadavg()},
     }
     table = format_to_accuracy(summary, header)
-    (out / TO_ACCURACY_MARKDOWN).write_text(table)
-    (out / TO_ACCURACY_JSON).write_text(json.dumps({**header, **summary, "reference_runs": references, "bertpipe_runs": curves}, indent=2) + "\n")
+    (out / TO_ACCURACY_MARKDOWN).write_text(table, encoding="utf-8")
+    (out / TO_ACCURACY_JSON).write_text(json.dumps({**header, **summary, "reference_runs": references, "bertpipe_runs": curves}, indent=2) + "\n", encoding="utf-8")
     return {"table": table, "summary": summary, "output_dir": str(out)}
 
 

@@ -85,7 +85,7 @@ def write_report(study, plan: SweepPlan, wall_seconds: float | None = None, opti
         lines += ["", "Failed trials (a worker killed mid-trial, or an error) keep their run directories as they were; "
                       "they do not count towards the trials asked for."]
     report_path = output_dir / REPORT_FILE
-    report_path.write_text("\n".join(lines) + "\n")
+    report_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return {
         "report": str(report_path), "table": table, "best_config": str(best_path) if best_path else None,
         "best_trial": best.number if best else None, "best_value": best.value if best else None,
@@ -105,7 +105,7 @@ def _global_step(trial) -> int | str:
     import json
 
     try:
-        return json.loads((Path(trial.user_attrs["run_dir"]) / "metrics.json").read_text())["global_step"]
+        return json.loads((Path(trial.user_attrs["run_dir"]) / "metrics.json").read_text(encoding="utf-8"))["global_step"]
     except (KeyError, OSError, ValueError):
         return ""
 
@@ -128,7 +128,7 @@ def write_best_config(best, plan: SweepPlan, path: Path, options_for: OptionsLoo
 
     run_dir = Path(best.user_attrs.get("run_dir", ""))
     if (run_dir / CONFIG_FILE).is_file():
-        tree = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+        tree = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     elif "overrides" in best.user_attrs:  # it ran on another machine sharing the storage: rebuild its config
         tree = load_config(plan.config_path, best.user_attrs["overrides"], options_for).to_yaml_dict()
     else:
@@ -140,7 +140,7 @@ def write_best_config(best, plan: SweepPlan, path: Path, options_for: OptionsLoo
         f"# Trial {best.number} of sweep {plan.study_name!r}: {plan.metric} = {best.value!r} (run directory {run_dir}).\n"
         "# The complete config of that trial; the same seed, precision and thread count reproduce its metric.\n"
     )
-    path.write_text(header + yaml.safe_dump(tree, sort_keys=False))
+    path.write_text(header + yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
     return path
 
 

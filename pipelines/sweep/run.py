@@ -108,7 +108,7 @@ def _check_trials_are_this_studys(plan: SweepPlan) -> None:
     """
     for record_path in sorted(plan.trials_dir.glob(f"*/{TRIAL_FILE}")):
         try:
-            study = json.loads(record_path.read_text()).get("study")
+            study = json.loads(record_path.read_text(encoding="utf-8")).get("study")
         except (OSError, ValueError, AttributeError):
             continue  # not a record of ours: the trial itself will refuse to run in that folder
         if study is not None and study != plan.study_name:

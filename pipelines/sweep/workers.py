@@ -182,7 +182,7 @@ def _stop_after_failures(plan: SweepPlan, numbers: list[int]) -> None:
 
     last = trial_dir(plan, numbers[-1])
     try:
-        reason = json.loads((last / TRIAL_FILE).read_text()).get("error", "unknown")
+        reason = json.loads((last / TRIAL_FILE).read_text(encoding="utf-8")).get("error", "unknown")
     except (OSError, ValueError):
         reason = "unknown"
     raise SweepError(

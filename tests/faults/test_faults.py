@@ -342,16 +342,18 @@ def test_faults_ctrl_c_while_checkpointing_is_one_line_and_the_run_resumes(capsy
 def test_faults_disk_full_while_a_resume_rewrites_the_config_keeps_the_run(refused, finished_run, run_copy, monkeypatch):
     # A resume rewrites config.yaml, the file that marks the folder as a bertpipe run: written in
     # place, a full disk left it empty, and the run could neither be resumed nor replaced.
-    (run_copy / "metrics.json").unlink()
-    write_text = Path.write_text
+    from pipelines import atomic_writes
 
-    def disk_full_at_the_config(self, *args, **kwargs):
-        if self.parent != run_copy or not self.name.startswith("config.yaml"):
-            return write_text(self, *args, **kwargs)
-        self.open("w").close()  # open() truncates; the write() after it is what the full disk refuses
+    (run_copy / "metrics.json").unlink()
+
+    def disk_full_at_the_config(path, *args, **kwargs):
+        handle = open(path, *args, **kwargs)  # open() creates or truncates; the write after it is what the full disk refuses
+        if Path(path).parent != run_copy or not Path(path).name.startswith("config.yaml"):
+            return handle
+        handle.close()
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(Path, "write_text", disk_full_at_the_config)
+    monkeypatch.setattr(atomic_writes, "open", disk_full_at_the_config, raising=False)
     refused("train", finished_run[0], f"output_dir={run_copy}", "train.resume_from_checkpoint=latest",
             needles=["No space left on device", str(run_copy / "config.yaml")])
 

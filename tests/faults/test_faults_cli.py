@@ -126,7 +126,7 @@ def _disk_full(path) -> OSError:
 
 
 def test_faults_cli_full_disk_in_predict_and_evaluate_says_to_run_again_and_leaves_no_partial(capsys, run_copy, tmp_path, monkeypatch):
-    from pipelines import evaluation
+    from pipelines import atomic_writes, evaluation
 
     inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good film"}, {"sentence": "bad film"}])
     output = tmp_path / "predictions.jsonl"
@@ -136,7 +136,7 @@ def test_faults_cli_full_disk_in_predict_and_evaluate_says_to_run_again_and_leav
         open(path, *args, **kwargs).close()  # the file is created; the write is what the disk refuses
         raise _disk_full(path)
 
-    monkeypatch.setattr(evaluation, "open", open_on_a_full_disk, raising=False)
+    monkeypatch.setattr(atomic_writes, "open", open_on_a_full_disk, raising=False)
     status, stderr = bertpipe_in_process(capsys, "predict", run_copy, "--input", inputs, "--output", output)
     assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
     message = stderr[stderr.index("bertpipe predict: error: "):]
