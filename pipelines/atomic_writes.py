@@ -1,8 +1,10 @@
 """Writes that are whole or not at all: an interruption, a full disk or a kill never leaves half a file
 or half a model folder where a whole one was.
 
-In:  a file's text or JSON payload; or a block that writes a model, tokenizer or export into a staging folder.
-Out: :func:`write_text_atomically` and :func:`write_json` (the text is fsynced, then renamed over the old file),
+In:  a file's text or JSON payload, or a block that writes it piece by piece; or a block that writes a model,
+     tokenizer or export into a staging folder.
+Out: :func:`write_text_atomically`, :func:`write_json` and :func:`writing_atomically` (UTF-8 text, fsynced, then
+     renamed over the old file),
      :func:`replacing_files` (files staged inside their folder, each renamed over its old copy; weight files
      of another layout removed only once the new ones are in), :func:`replacing_folder` (a folder staged
      beside it and swapped in; one that cannot be renamed, a mount point, refused first by
@@ -10,7 +12,7 @@ Out: :func:`write_text_atomically` and :func:`write_json` (the text is fsynced, 
      the option or folder.
 
 Used for a run's own files (:mod:`pipelines.outputs`), checkpoint state, the model card, a task's eval
-artifacts, ``merged/`` and exports.
+artifacts, ``bertpipe predict``'s output, ``merged/`` and exports.
 """
 
 from __future__ import annotations
