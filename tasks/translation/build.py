@@ -3,7 +3,8 @@
 In:  the run config (``model.*`` and ``translation.*``) on a task object, and for a finished run its directory.
 Out: the decision (once, before tokenising) whether the run warm-starts an ``EncoderDecoderModel``, the source
      prefix (T5's when unset), the tokenizer (mBART language codes set), and the model with decoder start /
-     pad / end tokens and the beam-search settings on its config and ``generation_config``.
+     pad / end tokens, the target language code forced first where labels open with it (NLLB, mBART-50) and the
+     beam-search settings on its config and ``generation_config``.
 
 ``TranslationModelBuilding`` is a mixin of :class:`tasks.translation.task.TranslationTask`: it reads and sets
 the attributes that class's ``__init__`` creates (``config``, ``options``, ``tokenizer``, ``model``,
@@ -199,6 +200,8 @@ class TranslationModelBuilding:
             if token_id is None or token_id == self.tokenizer.unk_token_id:
                 raise ConfigError(f"translation.forced_bos_token={self.options.forced_bos_token!r} is not in the tokenizer's vocabulary")
             gen.forced_bos_token_id = token_id
+        elif (code := self._target_code_opening_labels(gen.decoder_start_token_id)) is not None:
+            gen.forced_bos_token_id = code
         self._check_generation_length(model)
         gen.num_beams = self.options.num_beams
         gen.max_new_tokens = self.options.max_new_tokens
@@ -213,6 +216,17 @@ class TranslationModelBuilding:
         # pipeline("translation") truncates sources where training and predict do, not at the tokenizer's
         # model_max_length (often far longer than data.max_seq_length).
         model.config.max_source_length = self.config.data.max_seq_length
+
+    def _target_code_opening_labels(self, decoder_start: int | None) -> int | None:
+        """The ``tgt_lang`` code when the tokenizer opens every target with it but the decoder starts with
+        another token (NLLB, mBART-50: ``</s>``). Training teaches the code as the first word; generation left
+        free picks a language itself (a multilingual checkpoint may translate into another), so the code is
+        forced there, as these tokenizers' own translation inputs do."""
+        if self.warm_start or not self.options.tgt_lang:
+            return None
+        labels = self.tokenizer(text_target="")["input_ids"]
+        code = self.tokenizer.convert_tokens_to_ids(self.options.tgt_lang)
+        return code if labels and labels[0] == code and code != decoder_start else None
 
     def _check_generation_length(self, model: PreTrainedModel) -> None:
         """A hypothesis that never ends feeds the decoder ``max_new_tokens`` positions (its start token and

@@ -37,7 +37,8 @@ class TranslationOptions(TaskOptions):
     tgt_lang: str | None = None
     """mBART-style target language code; also the decoder start token when the checkpoint sets none."""
     forced_bos_token: str | None = None
-    """Token forced first after the decoder start (mBART-50: the target language code)."""
+    """Token forced first after the decoder start. Unset, it is ``tgt_lang`` when the tokenizer opens targets
+    with that code and the decoder starts with another token (NLLB, mBART-50)."""
     max_target_length: int = Field(default=128, gt=0)
     """Labels are truncated to this many tokens (sources to ``data.max_seq_length``)."""
     num_beams: int = Field(default=4, gt=0)

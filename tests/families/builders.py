@@ -11,12 +11,18 @@ family's own transformers 5 class, built the way ``from_pretrained`` builds it f
   * WordPiece (BERT, DistilBERT, ELECTRA): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend;
     MPNet: ``MPNetTokenizer(vocab=...)`` with its RoBERTa-style ``<s> A </s></s> B </s>``; Funnel:
     ``FunnelTokenizer(vocab=...)`` (``<cls>`` of token type 2);
-  * byte-level BPE (RoBERTa, BART): ``RobertaTokenizer(vocab=..., merges=...)``;
+  * byte-level BPE (RoBERTa, BART): ``RobertaTokenizer(vocab=..., merges=...)``; DeBERTa (v1):
+    ``DebertaTokenizer(vocab=..., merges=...)`` with GPT-2's pieces and BERT-style ``[CLS]``/``[SEP]``
+    (``[PAD] [CLS] [SEP] [UNK]`` first and ``[MASK]`` last, as microsoft/deberta-base's vocabulary);
   * byte-level BPE behind the generic ``PreTrainedTokenizerFast`` (ModernBERT's tokenizer.json: BERT-style
     special tokens, a template post-processor that does not trim offsets);
   * Unigram (ALBERT, DeBERTa-v2/v3, XLM-R, XLNet, T5, mBART): the class from ``vocab=[(piece, score), ...]``,
     which sets the family's own normalizer, Metaspace pre-tokenizer and special-token template (mBART adds
     its language codes; XLNet puts ``<sep> <cls>`` last and pads on the left);
+  * sentencepiece BPE (NLLB): ``NllbTokenizer(vocab={piece: id}, merges=[...])`` over pieces with the ``▁``
+    word-start marker (the real ``sentencepiece.bpe.model``), fairseq's ``<s> <pad> </s> <unk>`` first, the
+    202 language codes (``deu_Latn``...) and ``<mask>`` last; sources are ``deu_Latn text </s>``, targets
+    ``eng_Latn text </s>``;
   * Marian: ``MarianTokenizer`` exists only as a slow sentencepiece tokenizer (``source.spm``/``target.spm``
     + ``vocab.json``), so it is trained with the ``sentencepiece`` library; without that package the Marian
     family is skipped.
@@ -28,20 +34,23 @@ import json
 import random
 from pathlib import Path
 
-ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert", "mpnet", "xlnet"]
+ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert", "mpnet", "xlnet",
+                    "deberta"]
 MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # XLNet pretrains by permutation LM
 # Outputs that change when an example is padded (Funnel pools neighbouring positions): checked where padding
 # matters, since transformers' own Funnel fails on inputs of one or two pieces that other cells feed it.
 PADDING_DEPENDENT_FAMILIES = ["funnel"]
-SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "bert2bert"]
+SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "nllb", "bert2bert"]
 FAMILIES = ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES + SEQ2SEQ_FAMILIES
 TOKENIZER_KIND = {
     "bert": "WordPiece", "distilbert": "WordPiece", "electra": "WordPiece", "bert2bert": "WordPiece",
-    "roberta": "byte-level BPE", "bart": "byte-level BPE", "modernbert": "byte-level BPE (generic class)",
+    "roberta": "byte-level BPE", "bart": "byte-level BPE", "deberta": "byte-level BPE", "modernbert": "byte-level BPE (generic class)",
     "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram",
     "mpnet": "WordPiece", "xlnet": "Unigram", "funnel": "WordPiece",
-    "marian": "sentencepiece (slow)",
+    "marian": "sentencepiece (slow)", "nllb": "sentencepiece BPE",
 }
+# The architecture (``config.model_type``) of families whose name is not it.
+MODEL_TYPE = {"bert2bert": "bert", "nllb": "m2m_100"}
 
 # Words of the toy tasks. Names and places are long and rare enough in the corpus to be cut into pieces.
 PERSONS = ["Alice", "Roberto", "Marguerite", "Bob", "Anastasia", "Kowalski"]
@@ -146,6 +155,12 @@ def build_tokenizer(family: str):
     if family in ("roberta", "bart"):
         vocab, merges = _bpe_vocab_merges(_byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
         return RobertaTokenizer(vocab=vocab, merges=merges, model_max_length=128)
+    if family == "deberta":
+        from transformers import DebertaTokenizer
+
+        vocab, merges = _bpe_vocab_merges(_byte_level_bpe(["[PAD]", "[CLS]", "[SEP]", "[UNK]"]))
+        vocab["[MASK]"] = len(vocab)
+        return DebertaTokenizer(vocab=vocab, merges=merges, model_max_length=128)
     if family == "modernbert":
         from tokenizers import processors
 
@@ -188,9 +203,27 @@ def build_tokenizer(family: str):
         vocab = _unigram_vocab(["<s>", "<pad>", "</s>", "<unk>"])
         vocab += [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)]
         return MBartTokenizer(vocab=vocab, src_lang="de_DE", tgt_lang="en_XX", model_max_length=128)
+    if family == "nllb":
+        return _nllb_tokenizer()
     if family == "marian":
         return _marian_tokenizer()
     raise KeyError(family)
+
+
+def _nllb_tokenizer():
+    """NLLB's sentencepiece BPE as its transformers 5 class builds it from a converted checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import NllbTokenizer
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    special = ["<s>", "<pad>", "</s>", "<unk>"]
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    backend.train_from_iterator(family_corpus(), trainers.BpeTrainer(vocab_size=WORDPIECE_VOCAB, special_tokens=special))
+    vocab, merges = _bpe_vocab_merges(backend)
+    for token in [*FAIRSEQ_LANGUAGE_CODES, "<mask>"]:
+        vocab[token] = len(vocab)
+    return NllbTokenizer(vocab=vocab, merges=merges, src_lang="deu_Latn", tgt_lang="eng_Latn", model_max_length=128)
 
 
 def _marian_tokenizer():
@@ -246,6 +279,11 @@ def _model_config(family: str, tokenizer):
             vocab_size=vocab, max_position_embeddings=128, relative_attention=True, position_buckets=32,
             pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True, **size, **ids,
         )
+    if family == "deberta":  # as microsoft/deberta-base: relative attention both ways, no absolute positions, no token types
+        return tf.DebertaConfig(
+            vocab_size=vocab, max_position_embeddings=128, relative_attention=True, pos_att_type=["c2p", "p2c"],
+            max_relative_positions=-1, position_biased_input=False, type_vocab_size=0, **size, **ids,
+        )
     if family == "modernbert":
         return tf.ModernBertConfig(
             vocab_size=vocab, max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=16,
@@ -262,6 +300,9 @@ def _model_config(family: str, tokenizer):
                              **seq2seq, **ids)
     if family == "mbart":
         return tf.MBartConfig(vocab_size=vocab, bos_token_id=0, eos_token_id=2, forced_eos_token_id=2, **seq2seq, **ids)
+    if family == "nllb":  # as facebook/nllb-200-distilled-600M: the decoder starts with </s>, not a language code
+        return tf.M2M100Config(vocab_size=vocab, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
+                               **seq2seq, **ids)
     if family == "marian":
         return tf.MarianConfig(vocab_size=vocab, decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                                forced_eos_token_id=tokenizer.eos_token_id, **seq2seq, **ids)

@@ -12,7 +12,8 @@ One short run per family and task, trained and exported once per module. What ea
   * the distillation label check reading QA's ``id2label`` (a checkpoint's leftover) as labels.
 
 Classification is exported with ``--quantize int8`` (export.json holds the fp32 parity as well) and distilled
-for the families whose inputs or layers differ from BERT's (``EDGE_FAMILIES``): BERT itself is exported and
+for the families whose inputs or layers differ from BERT's (``EDGE_FAMILIES``; DeBERTa v1: relative attention
+both ways, no token types): BERT itself is exported and
 distilled in tests/pipelines, ELECTRA takes BERT's inputs and layer names, XLM-R RoBERTa's. NER and QA
 exports run where spans are hardest: DeBERTa-v2 (relative attention; offsets that include the space before a
 word) for NER, ModernBERT (rotary positions, sliding-window attention over QA's longer
@@ -35,7 +36,7 @@ pytest.importorskip("onnxscript")
 from tests.conftest import write_jsonl  # noqa: E402
 from tests.families.matrix import ner_rows, predict, qa_rows, run_bertpipe, sentiment_rows, train  # noqa: E402
 
-EDGE_FAMILIES = ["distilbert", "roberta", "albert", "deberta-v2", "modernbert"]
+EDGE_FAMILIES = ["distilbert", "roberta", "albert", "deberta-v2", "modernbert", "deberta"]
 NER_FAMILIES, QA_FAMILIES = ["deberta-v2"], ["modernbert"]
 EVAL_SEED = 2  # the validation split; predict reads the same examples, which the parity check covers
 ROUNDING = 1e-5  # predict rounds scores to 6 decimals

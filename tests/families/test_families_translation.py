@@ -1,8 +1,9 @@
-"""Translation on every seq2seq family: T5 (source prefix), BART, Marian, mBART (language codes), BERT2BERT.
+"""Translation on every seq2seq family: T5 (source prefix), BART, Marian, mBART and NLLB (language codes), BERT2BERT.
 
 A few training steps each; then: the model is fed what its family expects (T5's ``translate German to
 English: `` prefix, recorded for ``pipeline()``; mBART's source language code after ``</s>`` and the
-target code as the decoder start), ``bertpipe predict`` and ``pipeline("translation")`` give the same
+target code as the decoder start; NLLB's codes opening both sides, ``</s>`` as the decoder start and the target
+code forced after it), ``bertpipe predict`` and ``pipeline("translation")`` give the same
 text, and LoRA attaches without naming target modules.
 """
 
@@ -10,19 +11,24 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, pipeline
 
 from pipelines.adapters import apply_peft
 from pipelines.config import ModelConfig, PeftConfig
 from pipelines.modeling import count_parameters, load_model
+from tasks.translation.generation import decode
 from tests.conftest import write_jsonl
 from tests.families.builders import SEQ2SEQ_FAMILIES
 from tests.families.matrix import card_code, predict, run_card_code, train, translation_rows
 
 GENERATION = "num_beams: 2, max_new_tokens: 8"
-OPTIONS = {"mbart": f"src_lang: de_DE, tgt_lang: en_XX, {GENERATION}"}
+OPTIONS = {"mbart": f"src_lang: de_DE, tgt_lang: en_XX, {GENERATION}",
+           # After 3 steps the tiny NLLB repeats the code every target opens with, which decodes to "": no
+           # repeated token, so that its translations hold words for predict and pipeline() to agree on.
+           "nllb": f"src_lang: deu_Latn, tgt_lang: eng_Latn, forced_bos_token: eng_Latn, no_repeat_ngram_size: 1, {GENERATION}"}
 
 
 @pytest.fixture(scope="module", params=SEQ2SEQ_FAMILIES)
@@ -46,6 +52,15 @@ def test_families_translation_feeds_each_family_its_conventions(translation_run)
         ids = tokenizer("der mann")["input_ids"]
         assert tokenizer.convert_ids_to_tokens(ids[-2:]) == ["</s>", "de_DE"]
         assert config.decoder_start_token_id == tokenizer.convert_tokens_to_ids("en_XX")
+    if family == "nllb":  # the codes open both sides; generation starts with </s>, then the forced target code
+        assert tokenizer.convert_ids_to_tokens(tokenizer("der mann")["input_ids"])[::3] == ["deu_Latn", "</s>"]
+        assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"])[::3] == ["eng_Latn", "</s>"]
+        generation = GenerationConfig.from_pretrained(run)
+        assert generation.decoder_start_token_id == tokenizer.eos_token_id
+        assert generation.forced_bos_token_id == tokenizer.convert_tokens_to_ids("eng_Latn")
+        # What predict decodes (and BLEU scores) leaves the codes out, after the run's tokenizer was reloaded.
+        ids = [tokenizer.eos_token_id, *tokenizer(text_target="the man")["input_ids"], tokenizer.pad_token_id]
+        assert decode(tokenizer, np.array([ids])) == ["the man"]
     if family == "bert2bert":
         assert config.model_type == "encoder-decoder" and config.decoder.is_decoder and config.decoder.add_cross_attention
     assert config.decoder_start_token_id is not None and config.pad_token_id is not None
@@ -61,6 +76,7 @@ def test_families_translation_predict_and_pipeline_agree(translation_run):
     predicted = predict(run, [{"de": source} for source in sources], folder)
     served = pipeline("translation", model=str(run))(sources)
     assert [row["translation_text"] for row in predicted] == [row["translation_text"] for row in served], family
+    assert any(row["translation_text"] for row in predicted), f"{family}: only empty translations, nothing compared"
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 3
 
 
@@ -105,3 +121,25 @@ def test_families_translation_mbart_language_code_the_tokenizer_lacks_is_refused
     task = get_task("translation")(load_config(config, [], lambda name: get_task(name).Options))
     with pytest.raises(ConfigError, match=rf"translation\.{key}='{code}' is not a language code of the tokenizer"):
         task.build_tokenizer(None)
+
+
+@pytest.mark.parametrize("family, src_lang, tgt_lang, forced", [("nllb", "deu_Latn", "eng_Latn", "eng_Latn"), ("mbart", "de_DE", "en_XX", None)])
+def test_families_translation_target_code_opening_labels_is_forced_first(family, src_lang, tgt_lang, forced, family_checkpoint, tmp_path):
+    """NLLB opens every label with the target code but starts the decoder with </s>: unforced, generation picks
+    a language itself. mBART starts the decoder with the code, so nothing is forced after it."""
+    from pipelines.config import load_config
+    from tasks import get_task
+    from tests.families.matrix import write_config
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", translation_rows(4, 1))}
+    config = write_config(tmp_path, "translation", family_checkpoint(family), files,
+                          section=f"translation: {{src_lang: {src_lang}, tgt_lang: {tgt_lang}, num_beams: 1, max_new_tokens: 4}}")
+    task = get_task("translation")(load_config(config, [], lambda name: get_task(name).Options))
+    tokenizer = task.build_tokenizer(None)
+    model = task.build_model(None)
+    expected = None if forced is None else tokenizer.convert_tokens_to_ids(forced)
+    assert model.generation_config.forced_bos_token_id == expected
+    generated = model.generate(**tokenizer(["der mann"], return_tensors="pt", return_token_type_ids=False))[0].tolist()
+    start = [model.generation_config.decoder_start_token_id] + ([expected] if forced else [])
+    assert generated[: len(start)] == start
+    assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"]).count(tgt_lang) == 1
