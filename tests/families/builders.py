@@ -11,7 +11,8 @@ family's own transformers 5 class, built the way ``from_pretrained`` builds it f
   * WordPiece (BERT, DistilBERT, ELECTRA): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend;
     MPNet: ``MPNetTokenizer(vocab=...)`` with its RoBERTa-style ``<s> A </s></s> B </s>``; Funnel:
     ``FunnelTokenizer(vocab=...)`` (``<cls>`` of token type 2);
-  * byte-level BPE (RoBERTa, BART): ``RobertaTokenizer(vocab=..., merges=...)``; DeBERTa (v1):
+  * byte-level BPE (RoBERTa, BART, Longformer): ``RobertaTokenizer(vocab=..., merges=...)`` (transformers 5 has no
+    ``LongformerTokenizer``: longformer maps to RoBERTa's); DeBERTa (v1):
     ``DebertaTokenizer(vocab=..., merges=...)`` with GPT-2's pieces and BERT-style ``[CLS]``/``[SEP]``
     (``[PAD] [CLS] [SEP] [UNK]`` first and ``[MASK]`` last, as microsoft/deberta-base's vocabulary);
   * byte-level BPE behind the generic ``PreTrainedTokenizerFast`` (ModernBERT's tokenizer.json: BERT-style
@@ -19,6 +20,9 @@ family's own transformers 5 class, built the way ``from_pretrained`` builds it f
   * Unigram (ALBERT, DeBERTa-v2/v3, XLM-R, XLNet, T5, mBART): the class from ``vocab=[(piece, score), ...]``,
     which sets the family's own normalizer, Metaspace pre-tokenizer and special-token template (mBART adds
     its language codes; XLNet puts ``<sep> <cls>`` last and pads on the left);
+  * Pegasus: ``PegasusTokenizer(vocab=[(piece, score), ...])`` (Unigram, ``</s>`` appended, nothing prepended)
+    over the converted google/pegasus-* layout: ``<pad> </s> <mask_1> <mask_2>``, 101 reserved ``<unk_x>``
+    tokens, ``<unk>`` at id 105, then the pieces;
   * sentencepiece BPE (NLLB): ``NllbTokenizer(vocab={piece: id}, merges=[...])`` over pieces with the ``▁``
     word-start marker (the real ``sentencepiece.bpe.model``), fairseq's ``<s> <pad> </s> <unk>`` first, the
     202 language codes (``deu_Latn``...) and ``<mask>`` last; sources are ``deu_Latn text </s>``, targets
@@ -35,17 +39,18 @@ import random
 from pathlib import Path
 
 ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert", "mpnet", "xlnet",
-                    "deberta"]
+                    "deberta", "longformer"]
 MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # XLNet pretrains by permutation LM
 # Outputs that change when an example is padded (Funnel pools neighbouring positions): checked where padding
 # matters, since transformers' own Funnel fails on inputs of one or two pieces that other cells feed it.
 PADDING_DEPENDENT_FAMILIES = ["funnel"]
-SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "nllb", "bert2bert"]
+SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "nllb", "bert2bert", "pegasus"]
 FAMILIES = ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES + SEQ2SEQ_FAMILIES
 TOKENIZER_KIND = {
     "bert": "WordPiece", "distilbert": "WordPiece", "electra": "WordPiece", "bert2bert": "WordPiece",
     "roberta": "byte-level BPE", "bart": "byte-level BPE", "deberta": "byte-level BPE", "modernbert": "byte-level BPE (generic class)",
-    "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram",
+    "longformer": "byte-level BPE",
+    "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram", "pegasus": "Unigram",
     "mpnet": "WordPiece", "xlnet": "Unigram", "funnel": "WordPiece",
     "marian": "sentencepiece (slow)", "nllb": "sentencepiece BPE",
 }
@@ -152,7 +157,7 @@ def build_tokenizer(family: str):
         return BertTokenizer(tokenizer_object=_wordpiece_backend(bert_special), model_max_length=128)
     if family == "distilbert":
         return DistilBertTokenizer(tokenizer_object=_wordpiece_backend(bert_special), model_max_length=128)
-    if family in ("roberta", "bart"):
+    if family in ("roberta", "bart", "longformer"):  # allenai/longformer-* ship RoBERTa's tokenizer files
         vocab, merges = _bpe_vocab_merges(_byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
         return RobertaTokenizer(vocab=vocab, merges=merges, model_max_length=128)
     if family == "deberta":
@@ -203,11 +208,25 @@ def build_tokenizer(family: str):
         vocab = _unigram_vocab(["<s>", "<pad>", "</s>", "<unk>"])
         vocab += [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)]
         return MBartTokenizer(vocab=vocab, src_lang="de_DE", tgt_lang="en_XX", model_max_length=128)
+    if family == "pegasus":
+        return _pegasus_tokenizer()
     if family == "nllb":
         return _nllb_tokenizer()
     if family == "marian":
         return _marian_tokenizer()
     raise KeyError(family)
+
+
+def _pegasus_tokenizer():
+    """Pegasus's Unigram as transformers' converter lays out google/pegasus-*: ``<pad> </s> <mask_1> <mask_2>``, the
+    pretraining-only ``<unk_2>``...``<unk_102>`` (ids 4-104, score -100), ``<unk>`` at the ``offset`` of 103 + 2, then the pieces."""
+    from transformers import PegasusTokenizer
+
+    offset = 103
+    reserved = [("<pad>", 0.0), ("</s>", 0.0), ("<mask_1>", 0.0), ("<mask_2>", 0.0)] + [(f"<unk_{i}>", -100.0) for i in range(2, offset)]
+    vocab = reserved + _unigram_vocab(["<unk>"])
+    assert vocab.index(("<unk>", 0.0)) == offset + 2
+    return PegasusTokenizer(vocab=vocab, offset=offset, model_max_length=128)
 
 
 def _nllb_tokenizer():
@@ -263,6 +282,9 @@ def _model_config(family: str, tokenizer):
         return tf.ElectraConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=128, **size, **ids)
     if family == "roberta":
         return tf.RobertaConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
+    if family == "longformer":  # as allenai/longformer-base-4096: RoBERTa's positions; windows shrunk to the tiny inputs
+        return tf.LongformerConfig(vocab_size=vocab, max_position_embeddings=130, attention_window=[8, 8], bos_token_id=0,
+                                   eos_token_id=2, sep_token_id=tokenizer.sep_token_id, **size, **ids)
     if family == "xlm-roberta":
         return tf.XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
     if family == "mpnet":
@@ -303,6 +325,9 @@ def _model_config(family: str, tokenizer):
     if family == "nllb":  # as facebook/nllb-200-distilled-600M: the decoder starts with </s>, not a language code
         return tf.M2M100Config(vocab_size=vocab, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
                                **seq2seq, **ids)
+    if family == "pegasus":  # as google/pegasus-*: the decoder starts with <pad>; sinusoidal positions, scaled embeddings
+        return tf.PegasusConfig(vocab_size=vocab, eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+                                forced_eos_token_id=tokenizer.eos_token_id, scale_embedding=True, **seq2seq, **ids)
     if family == "marian":
         return tf.MarianConfig(vocab_size=vocab, decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                                forced_eos_token_id=tokenizer.eos_token_id, **seq2seq, **ids)

@@ -13,6 +13,7 @@ EXPECTED_CLASS = {
     "albert": "AlbertTokenizer", "deberta-v2": "DebertaV2Tokenizer", "xlm-roberta": "XLMRobertaTokenizer",
     "t5": "T5Tokenizer", "mbart": "MBartTokenizer", "marian": "MarianTokenizer", "mpnet": "MPNetTokenizer", "xlnet": "XLNetTokenizer",
     "funnel": "FunnelTokenizer", "nllb": "NllbTokenizer", "deberta": "DebertaTokenizer",
+    "longformer": "RobertaTokenizer", "pegasus": "PegasusTokenizer",
 }
 BACKEND_MODEL = {"WordPiece": "WordPiece", "byte-level BPE": "BPE", "byte-level BPE (generic class)": "BPE", "Unigram": "Unigram",
                  "sentencepiece BPE": "BPE"}

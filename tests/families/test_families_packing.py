@@ -3,7 +3,8 @@ the run is refused before training.
 
 Families place positions differently (BERT from 0, RoBERTa and XLM-R from ``padding_idx + 1``,
 DeBERTa (v1 and v2), MPNet and XLNet relatively, ModernBERT by rotation) and take attention masks differently (XLNet
-cannot run a packed mask at all), so the
+cannot run a packed mask at all; Longformer's sliding-window attention takes only a 2-D mask of 0/1/2 per
+token, so a block-diagonal one cannot keep packed examples apart), so the
 only trustworthy check is the one ``train()`` runs itself: :func:`check_packing_is_exact` on the
 family's tiny checkpoint with sentences of its own tokenizer. The expected outcome per family is
 pinned, so a transformers change that breaks (or fixes) packing for a family shows up here.
@@ -21,7 +22,7 @@ from pipelines.config import ConfigError
 from pipelines.packing import PackingCollator, check_packing_is_exact, position_offset
 from tests.families.builders import ENCODER_FAMILIES, family_corpus
 
-REFUSED = {"deberta", "deberta-v2", "modernbert", "mpnet", "xlnet"}
+REFUSED = {"deberta", "deberta-v2", "modernbert", "mpnet", "xlnet", "longformer"}
 
 
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)
@@ -45,10 +46,11 @@ def test_families_packing_is_exact_or_refused(family, family_checkpoint):
         check_packing_is_exact(model, collate, packing, features, family=family)
 
 
-@pytest.mark.parametrize("family,refused", [("roberta", False), ("deberta-v2", True)])
+@pytest.mark.parametrize("family,refused", [("roberta", False), ("deberta-v2", True), ("longformer", True)])
 def test_families_packed_ner_run_trains_or_exits_2_before_writing(family, refused, family_checkpoint, tmp_path):
     """Through ``bertpipe train`` (a fresh process, as a user runs it): RoBERTa (positions from ``padding_idx + 1``)
-    trains packed; DeBERTa-v2 ends with exit status 2, one message naming the key, and nothing written."""
+    trains packed; DeBERTa-v2 and Longformer (sliding windows over a 2-D mask) end with exit status 2, one message
+    naming the key, and nothing written."""
     from tests.conftest import run_cli, write_jsonl
     from tests.families.matrix import ner_rows, write_config
 

@@ -1,10 +1,11 @@
-"""Translation on every seq2seq family: T5 (source prefix), BART, Marian, mBART and NLLB (language codes), BERT2BERT.
+"""Translation on every seq2seq family: T5 (source prefix), BART, Marian, mBART and NLLB (language codes), BERT2BERT, Pegasus.
 
 A few training steps each; then: the model is fed what its family expects (T5's ``translate German to
 English: `` prefix, recorded for ``pipeline()``; mBART's source language code after ``</s>`` and the
 target code as the decoder start; NLLB's codes opening both sides, ``</s>`` as the decoder start and the target
-code forced after it), ``bertpipe predict`` and ``pipeline("translation")`` give the same
-text, and LoRA attaches without naming target modules.
+code forced after it; Pegasus's ``<pad>`` as the decoder start and its reserved tokens kept out of the text),
+``bertpipe predict`` and ``pipeline("translation")`` give the same text, and LoRA attaches without naming
+target modules.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ def test_families_translation_feeds_each_family_its_conventions(translation_run)
         # What predict decodes (and BLEU scores) leaves the codes out, after the run's tokenizer was reloaded.
         ids = [tokenizer.eos_token_id, *tokenizer(text_target="the man")["input_ids"], tokenizer.pad_token_id]
         assert decode(tokenizer, np.array([ids])) == ["the man"]
+    if family == "pegasus":  # no prefix or codes; the decoder starts with <pad>; 101 reserved <unk_x> and <mask_1/2> never decode
+        from pipelines.modeling import usable_positions
+
+        assert tokenizer.convert_ids_to_tokens(tokenizer("der mann")["input_ids"])[-1] == "</s>" and config.prefix is None
+        assert GenerationConfig.from_pretrained(run).decoder_start_token_id == tokenizer.pad_token_id == 0
+        reserved = tokenizer.convert_tokens_to_ids(["<mask_1>", "<mask_2>", "<unk_2>", "<unk_102>"])
+        assert reserved == [2, 3, 4, 104]
+        ids = [tokenizer.pad_token_id, *reserved[:2], *tokenizer(text_target="the man")["input_ids"], reserved[3], tokenizer.pad_token_id]
+        assert decode(tokenizer, np.array([ids])) == ["the man"]
+        # Sinusoidal positions: a fixed table of exactly max_position_embeddings rows, none kept for padding.
+        assert usable_positions(config) == config.max_position_embeddings
     if family == "bert2bert":
         assert config.model_type == "encoder-decoder" and config.decoder.is_decoder and config.decoder.add_cross_attention
     assert config.decoder_start_token_id is not None and config.pad_token_id is not None
