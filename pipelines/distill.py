@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from pipelines.adapters import is_peft_model, merge_adapter
 from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
-from pipelines.errors import ModelError
+from pipelines.errors import ModelError, describe
 from pipelines.heads import reorder_head_labels
 from pipelines.outputs import METRICS_FILE, load_saved_config
 from pipelines.task import Task
@@ -97,6 +97,10 @@ def teacher_layer_choice(teacher_layers: int, num_layers: int | None = None, lay
     return [index * teacher_layers // count for index in range(count)]
 
 
+# Config entries that hold one value per layer: a student keeps its layers' values.
+_PER_LAYER_CONFIG_KEYS = ("layer_types", "attention_window")
+
+
 def shrink_to_layers(model: torch.nn.Module, keep: Sequence[int]) -> torch.nn.Module:
     """A copy of ``model`` with only the encoder layers ``keep`` (renumbered 0..n-1); every other weight as is.
 
@@ -107,12 +111,20 @@ def shrink_to_layers(model: torch.nn.Module, keep: Sequence[int]) -> torch.nn.Mo
     teacher_layers = model.config.num_hidden_layers
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = len(keep)
-    layer_types = getattr(config, "layer_types", None)
-    if isinstance(layer_types, (list, tuple)) and len(layer_types) == teacher_layers:
-        # Each kept layer keeps its own attention (ModernBERT: global or sliding window). Left as it was,
-        # the list would give the student's layer j the kind of the teacher's layer j, not of the layer copied there.
-        config.layer_types = [layer_types[index] for index in keep]
-    student = type(model)(config)
+    for key in _PER_LAYER_CONFIG_KEYS:
+        per_layer = getattr(config, key, None)
+        if isinstance(per_layer, (list, tuple)) and len(per_layer) == teacher_layers:
+            # Each kept layer keeps its own setting (ModernBERT's attention kind, Longformer's window). Left as
+            # it was, the list gave the student's layer j the teacher's layer j's, not the copied layer's (or,
+            # longer than the student, was refused by the model).
+            setattr(config, key, [per_layer[index] for index in keep])
+    try:
+        student = type(model)(config)
+    except Exception as error:  # the family's own checks on its config (an assertion, a ValueError)
+        raise DistillError(
+            f"a {len(keep)}-layer {type(model).__name__} student of teacher layers {list(keep)} cannot be built: {describe(error)}; "
+            "use distill.init=model with a student checkpoint (model.name_or_path) or model.architecture"
+        ) from error
     renamed: dict[str, torch.Tensor] = {}
     found: set[int] = set()
     for key, value in model.state_dict().items():

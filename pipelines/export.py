@@ -50,6 +50,7 @@ from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model
 from pipelines.atomic_writes import replacing_folder, write_json
 from pipelines.batching import SortedBatchSampler, feature_lengths
 from pipelines.config import RunConfig
+from pipelines.errors import describe
 from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime, inference_session, is_export_dir
 from pipelines.outputs import METRICS_FILE, save_config
 from pipelines.task import Task
@@ -159,11 +160,17 @@ def export_onnx(model: torch.nn.Module, sample: dict[str, torch.Tensor], input_n
     with _quiet_loggers("onnxscript.version_converter", "torch.onnx._internal.exporter._registration"), warnings.catch_warnings():
         # torch.export's notes on shared axis names and deprecated pytree helpers are not about this model.
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            wrapped, args, dynamo=True, opset_version=opset, input_names=input_names, output_names=list(output_names),
-            # One entry for the ``*inputs`` parameter, holding one spec per input.
-            dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
-        )
+        try:
+            program = torch.onnx.export(
+                wrapped, args, dynamo=True, opset_version=opset, input_names=input_names, output_names=list(output_names),
+                # One entry for the ``*inputs`` parameter, holding one spec per input.
+                dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
+            )
+        except Exception as error:  # torch.export cannot trace the model (Longformer: shapes that depend on the data)
+            raise ExportError(
+                f"the {model.config.model_type} model of this run cannot be traced for ONNX with dynamic batch and sequence "
+                f"axes: {describe(error)}"
+            ) from error
     program.save(str(path), external_data=False)
     written = _default_domain_opset(path)
     if written != opset:

@@ -170,6 +170,59 @@ def test_families_edge_distill_student_layers_keep_their_attention_kind(family_c
         assert torch.allclose(student(input_ids=ids).logits, teacher(input_ids=ids).logits, atol=1e-6)
 
 
+
+def test_families_edge_distill_longformer_student_layers_keep_their_attention_windows(family_checkpoint):
+    """Longformer has one attention window per layer and refuses a list of another length: the student of a
+    real checkpoint (windows [512] * 12) failed with an AssertionError traceback. Each kept layer keeps its own."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from pipelines.distill import shrink_to_layers
+
+    config = AutoConfig.from_pretrained(family_checkpoint("longformer"), num_labels=2)
+    config.num_hidden_layers, config.attention_window = 4, [8, 16, 4, 16]
+    torch.manual_seed(0)
+    teacher = AutoModelForSequenceClassification.from_config(config).eval()
+    student = shrink_to_layers(teacher, [0, 2]).eval()
+    assert student.config.attention_window == [8, 4]
+
+    ids = torch.randint(5, config.vocab_size, (2, 24))  # longer than every window
+    teacher.longformer.encoder.layer = torch.nn.ModuleList([teacher.longformer.encoder.layer[0], teacher.longformer.encoder.layer[2]])
+    teacher.config.attention_window = [8, 4]
+    with torch.no_grad():
+        assert torch.allclose(student(input_ids=ids).logits, teacher(input_ids=ids).logits, atol=1e-6)
+
+
+def test_families_edge_distill_student_the_family_refuses_is_a_distill_error(family_checkpoint, monkeypatch):
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from pipelines.distill import DistillError, shrink_to_layers
+
+    teacher = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(family_checkpoint("bert"), num_labels=2))
+
+    def refuse(self, config):
+        raise AssertionError("config.num_hidden_layers must be even")  # as a family's own config check does
+
+    monkeypatch.setattr(type(teacher), "__init__", refuse)
+    with pytest.raises(DistillError, match=r"a 1-layer BertForSequenceClassification student of teacher layers \[1\] cannot be built: "
+                                           r"AssertionError: config.num_hidden_layers must be even"):
+        shrink_to_layers(teacher, [1])
+
+
+def test_families_edge_export_of_a_model_torch_cannot_trace_exits_2_naming_it(family_checkpoint, tmp_path, capsys):
+    """Longformer pads to its attention window with shapes that depend on the data, which torch.export refuses:
+    the export ended in a raw GuardOnDataDependentSymNode traceback (exit 1)."""
+    from tasks.cli import main
+
+    files, _ = _task_data("classification", tmp_path)
+    run = train(tmp_path, "classification", family_checkpoint("longformer"), files, train="  max_steps: 1")
+    capsys.readouterr()
+    assert main(["export", str(run), "--out", str(tmp_path / "export"), "--parity-samples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "bertpipe export: error: the longformer model of this run cannot be traced for ONNX" in err, err[-2000:]
+    assert not (tmp_path / "export").exists() and not list(tmp_path.glob(".export-*"))
+
 def test_families_edge_distill_albert_student_runs_the_teachers_weight_groups():
     """ALBERT's layers share weight groups (layer i runs group int(i / (layers / groups))): a student keeps
     them all and is refused, before training, when a kept layer would run another group at its new depth."""
