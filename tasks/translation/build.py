@@ -3,7 +3,7 @@
 In:  the run config (``model.*`` and ``translation.*``) on a task object, and for a finished run its directory.
 Out: the decision (once, before tokenising) whether the run warm-starts an ``EncoderDecoderModel``, the source
      prefix (T5's when unset), the tokenizer (mBART language codes set), and the model with decoder start /
-     pad / end tokens, the target language code forced first where labels open with it (NLLB, mBART-50) and the
+     pad / end tokens, the target language code forced first where labels open with it (NLLB, M2M100, mBART-50) and the
      beam-search settings on its config and ``generation_config``.
 
 ``TranslationModelBuilding`` is a mixin of :class:`tasks.translation.task.TranslationTask`: it reads and sets
@@ -219,14 +219,21 @@ class TranslationModelBuilding:
 
     def _target_code_opening_labels(self, decoder_start: int | None) -> int | None:
         """The ``tgt_lang`` code when the tokenizer opens every target with it but the decoder starts with
-        another token (NLLB, mBART-50: ``</s>``). Training teaches the code as the first word; generation left
+        another token (NLLB, M2M100, mBART-50: ``</s>``). Training teaches the code as the first word; generation left
         free picks a language itself (a multilingual checkpoint may translate into another), so the code is
         forced there, as these tokenizers' own translation inputs do."""
         if self.warm_start or not self.options.tgt_lang:
             return None
         labels = self.tokenizer(text_target="")["input_ids"]
-        code = self.tokenizer.convert_tokens_to_ids(self.options.tgt_lang)
+        code = self._language_code_id(self.options.tgt_lang)
         return code if labels and labels[0] == code and code != decoder_start else None
+
+    def _language_code_id(self, code: str) -> int | None:
+        """The id of a ``src_lang``/``tgt_lang`` code. M2M100 names its codes by language (``en`` for the token
+        ``__en__``), so the code itself as a token is another piece or the unknown token; tokenizers with a
+        ``lang_code_to_id`` table (M2M100, mBART) say which token a code stands for."""
+        table = getattr(self.tokenizer, "lang_code_to_id", None) or {}
+        return table[code] if code in table else self.tokenizer.convert_tokens_to_ids(code)
 
     def _check_generation_length(self, model: PreTrainedModel) -> None:
         """A hypothesis that never ends feeds the decoder ``max_new_tokens`` positions (its start token and

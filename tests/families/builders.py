@@ -44,7 +44,7 @@ MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # X
 # Outputs that change when an example is padded (Funnel pools neighbouring positions): checked where padding
 # matters, since transformers' own Funnel fails on inputs of one or two pieces that other cells feed it.
 PADDING_DEPENDENT_FAMILIES = ["funnel"]
-SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "nllb", "bert2bert", "pegasus"]
+SEQ2SEQ_FAMILIES = ["t5", "bart", "marian", "mbart", "nllb", "bert2bert", "pegasus", "m2m100"]
 FAMILIES = ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES + SEQ2SEQ_FAMILIES
 TOKENIZER_KIND = {
     "bert": "WordPiece", "distilbert": "WordPiece", "electra": "WordPiece", "bert2bert": "WordPiece",
@@ -52,10 +52,10 @@ TOKENIZER_KIND = {
     "longformer": "byte-level BPE",
     "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram", "pegasus": "Unigram",
     "mpnet": "WordPiece", "xlnet": "Unigram", "funnel": "WordPiece",
-    "marian": "sentencepiece (slow)", "nllb": "sentencepiece BPE",
+    "marian": "sentencepiece (slow)", "nllb": "sentencepiece BPE", "m2m100": "sentencepiece BPE (slow)",
 }
 # The architecture (``config.model_type``) of families whose name is not it.
-MODEL_TYPE = {"bert2bert": "bert", "nllb": "m2m_100"}
+MODEL_TYPE = {"bert2bert": "bert", "nllb": "m2m_100", "m2m100": "m2m_100"}
 
 # Words of the toy tasks. Names and places are long and rare enough in the corpus to be cut into pieces.
 PERSONS = ["Alice", "Roberto", "Marguerite", "Bob", "Anastasia", "Kowalski"]
@@ -214,6 +214,8 @@ def build_tokenizer(family: str):
         return _nllb_tokenizer()
     if family == "marian":
         return _marian_tokenizer()
+    if family == "m2m100":
+        return _m2m100_tokenizer()
     raise KeyError(family)
 
 
@@ -265,6 +267,31 @@ def _marian_tokenizer():
         (folder / "vocab.json").write_text(json.dumps(vocab))
         model_file = str(folder / "spm.model")
         return MarianTokenizer(model_file, model_file, str(folder / "vocab.json"), source_lang="de", target_lang="en")
+
+
+def _m2m100_tokenizer():
+    """facebook/m2m100_418M's layout: a sentencepiece BPE model and fairseq's dictionary as ``vocab.json``."""
+    import tempfile
+
+    import sentencepiece as spm
+    from transformers import M2M100Tokenizer
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    with tempfile.TemporaryDirectory(prefix="tiny-m2m100-spm-") as name:
+        folder = Path(name)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(family_corpus()), model_prefix=str(folder / "spm"), vocab_size=WORDPIECE_VOCAB, model_type="bpe",
+            hard_vocab_limit=False, character_coverage=1.0, minloglevel=2,
+        )
+        vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+        for line in (folder / "spm.vocab").read_text().splitlines():
+            vocab.setdefault(line.split("\t")[0], len(vocab))
+        (folder / "vocab.json").write_text(json.dumps(vocab))
+        # The Hub checkpoint's tokenizer_config lists the codes as special tokens; transformers 5's class would
+        # not make them special by itself (so they would decode into the text).
+        codes = [f"__{code}__" for code in FAIRSEQ_LANGUAGE_CODES["m2m100"]]
+        return M2M100Tokenizer(str(folder / "vocab.json"), str(folder / "spm.model"), src_lang="de", tgt_lang="en",
+                               additional_special_tokens=codes, model_max_length=128)
 
 
 # ----- models -------------------------------------------------------------------------------------
@@ -323,6 +350,11 @@ def _model_config(family: str, tokenizer):
     if family == "mbart":
         return tf.MBartConfig(vocab_size=vocab, bos_token_id=0, eos_token_id=2, forced_eos_token_id=2, **seq2seq, **ids)
     if family == "nllb":  # as facebook/nllb-200-distilled-600M: the decoder starts with </s>, not a language code
+        return tf.M2M100Config(vocab_size=vocab, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
+                               **seq2seq, **ids)
+    if family == "m2m100":  # as facebook/m2m100_418M: the decoder starts with </s>, then the target code
+        # Rows for the language codes and the 8 made-up words after them, which len(tokenizer) does not count.
+        vocab = tokenizer.vocab_size + len(tokenizer.lang_token_to_id) + tokenizer.num_madeup_words
         return tf.M2M100Config(vocab_size=vocab, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
                                **seq2seq, **ids)
     if family == "pegasus":  # as google/pegasus-*: the decoder starts with <pad>; sinusoidal positions, scaled embeddings

@@ -15,8 +15,8 @@ def family_checkpoint(tmp_path_factory):
     built: dict[str, Path] = {}
 
     def get(family: str) -> Path:
-        if family == "marian":
-            pytest.importorskip("sentencepiece", reason="MarianTokenizer exists only as a sentencepiece tokenizer")
+        if family in ("marian", "m2m100"):
+            pytest.importorskip("sentencepiece", reason=f"{family}'s tokenizer exists only as a sentencepiece tokenizer")
         if family not in built:
             built[family] = build_family(family, tmp_path_factory.mktemp(f"family-{family}"))
         return built[family]

@@ -1,8 +1,8 @@
-"""Translation on every seq2seq family: T5 (source prefix), BART, Marian, mBART and NLLB (language codes), BERT2BERT, Pegasus.
+"""Translation on every seq2seq family: T5 (source prefix), BART, Marian, mBART, NLLB and M2M100 (language codes), BERT2BERT, Pegasus.
 
 A few training steps each; then: the model is fed what its family expects (T5's ``translate German to
 English: `` prefix, recorded for ``pipeline()``; mBART's source language code after ``</s>`` and the
-target code as the decoder start; NLLB's codes opening both sides, ``</s>`` as the decoder start and the target
+target code as the decoder start; NLLB's and M2M100's codes opening both sides, ``</s>`` as the decoder start and the target
 code forced after it; Pegasus's ``<pad>`` as the decoder start and its reserved tokens kept out of the text),
 ``bertpipe predict`` and ``pipeline("translation")`` give the same text, and LoRA attaches without naming
 target modules.
@@ -29,7 +29,9 @@ GENERATION = "num_beams: 2, max_new_tokens: 8"
 OPTIONS = {"mbart": f"src_lang: de_DE, tgt_lang: en_XX, {GENERATION}",
            # After 3 steps the tiny NLLB repeats the code every target opens with, which decodes to "": no
            # repeated token, so that its translations hold words for predict and pipeline() to agree on.
-           "nllb": f"src_lang: deu_Latn, tgt_lang: eng_Latn, forced_bos_token: eng_Latn, no_repeat_ngram_size: 1, {GENERATION}"}
+           "nllb": f"src_lang: deu_Latn, tgt_lang: eng_Latn, forced_bos_token: eng_Latn, no_repeat_ngram_size: 1, {GENERATION}",
+           # M2M100 names its codes by language (de -> __de__); the target code is forced without being named.
+           "m2m100": f"src_lang: de, tgt_lang: en, no_repeat_ngram_size: 1, {GENERATION}"}
 
 
 @pytest.fixture(scope="module", params=SEQ2SEQ_FAMILIES)
@@ -60,6 +62,14 @@ def test_families_translation_feeds_each_family_its_conventions(translation_run)
         assert generation.decoder_start_token_id == tokenizer.eos_token_id
         assert generation.forced_bos_token_id == tokenizer.convert_tokens_to_ids("eng_Latn")
         # What predict decodes (and BLEU scores) leaves the codes out, after the run's tokenizer was reloaded.
+        ids = [tokenizer.eos_token_id, *tokenizer(text_target="the man")["input_ids"], tokenizer.pad_token_id]
+        assert decode(tokenizer, np.array([ids])) == ["the man"]
+    if family == "m2m100":  # as NLLB, with codes named by language: __de__ text </s>, __en__ text </s>
+        assert tokenizer.convert_ids_to_tokens(tokenizer("der mann")["input_ids"])[::3] == ["__de__", "</s>"]
+        assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"])[::3] == ["__en__", "</s>"]
+        generation = GenerationConfig.from_pretrained(run)
+        assert generation.decoder_start_token_id == tokenizer.eos_token_id
+        assert generation.forced_bos_token_id == tokenizer.get_lang_id("en")
         ids = [tokenizer.eos_token_id, *tokenizer(text_target="the man")["input_ids"], tokenizer.pad_token_id]
         assert decode(tokenizer, np.array([ids])) == ["the man"]
     if family == "pegasus":  # no prefix or codes; the decoder starts with <pad>; 101 reserved <unk_x> and <mask_1/2> never decode
@@ -119,26 +129,30 @@ def test_families_translation_lora_attaches_without_naming_target_modules(family
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in wrapped.named_parameters() if "lora_B" in n)
 
 
-@pytest.mark.parametrize("key, code", [("src_lang", "de_de"), ("tgt_lang", "en_xx")])
-def test_families_translation_mbart_language_code_the_tokenizer_lacks_is_refused(key, code, family_checkpoint, tmp_path):
-    """A mistyped code is no error to the tokenizer: it becomes <unk> in every source, label and decoder start."""
+@pytest.mark.parametrize("family, key, code", [("mbart", "src_lang", "de_de"), ("mbart", "tgt_lang", "en_xx"), ("m2m100", "src_lang", "de_DE"),
+                                               ("m2m100", "tgt_lang", "__en__")])
+def test_families_translation_language_code_the_tokenizer_lacks_is_refused(family, key, code, family_checkpoint, tmp_path):
+    """A mistyped code is no error to mBART's tokenizer: it becomes <unk> in every source, label and decoder start.
+    M2M100's names codes by language (de, not de_DE or __de__); its KeyError for another becomes the same message."""
     from pipelines.config import ConfigError, load_config
     from tasks import get_task
     from tests.families.matrix import write_config
 
     files = {"train": write_jsonl(tmp_path / "train.jsonl", translation_rows(4, 1))}
-    options = {"src_lang": "de_DE", "tgt_lang": "en_XX", key: code}
-    config = write_config(tmp_path, "translation", family_checkpoint("mbart"), files,
+    options = {"src_lang": "de_DE", "tgt_lang": "en_XX"} if family == "mbart" else {"src_lang": "de", "tgt_lang": "en"}
+    options[key] = code
+    config = write_config(tmp_path, "translation", family_checkpoint(family), files,
                           section=f"translation: {{src_lang: {options['src_lang']}, tgt_lang: {options['tgt_lang']}}}")
     task = get_task("translation")(load_config(config, [], lambda name: get_task(name).Options))
     with pytest.raises(ConfigError, match=rf"translation\.{key}='{code}' is not a language code of the tokenizer"):
         task.build_tokenizer(None)
 
 
-@pytest.mark.parametrize("family, src_lang, tgt_lang, forced", [("nllb", "deu_Latn", "eng_Latn", "eng_Latn"), ("mbart", "de_DE", "en_XX", None)])
+@pytest.mark.parametrize("family, src_lang, tgt_lang, forced", [("nllb", "deu_Latn", "eng_Latn", "eng_Latn"), ("mbart", "de_DE", "en_XX", None),
+                                                               ("m2m100", "de", "en", "__en__")])
 def test_families_translation_target_code_opening_labels_is_forced_first(family, src_lang, tgt_lang, forced, family_checkpoint, tmp_path):
-    """NLLB opens every label with the target code but starts the decoder with </s>: unforced, generation picks
-    a language itself. mBART starts the decoder with the code, so nothing is forced after it."""
+    """NLLB and M2M100 (whose codes are named by language: tgt_lang en is __en__) open every label with the target
+    code but start the decoder with </s>: unforced, generation picks a language itself. mBART starts the decoder with the code, so nothing is forced after it."""
     from pipelines.config import load_config
     from tasks import get_task
     from tests.families.matrix import write_config
@@ -154,4 +168,4 @@ def test_families_translation_target_code_opening_labels_is_forced_first(family,
     generated = model.generate(**tokenizer(["der mann"], return_tensors="pt", return_token_type_ids=False))[0].tolist()
     start = [model.generation_config.decoder_start_token_id] + ([expected] if forced else [])
     assert generated[: len(start)] == start
-    assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"]).count(tgt_lang) == 1
+    assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"]).count(forced or tgt_lang) == 1
