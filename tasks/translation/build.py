@@ -149,7 +149,7 @@ class TranslationModelBuilding:
         apply_dropout(config, model_cfg.dropout)
         model = AutoModelForSeq2SeqLM.from_pretrained(location, config=config, revision=model_cfg.revision)
         if model.config.decoder_start_token_id is None and self.options.tgt_lang:
-            model.config.decoder_start_token_id = self.tokenizer.convert_tokens_to_ids(self.options.tgt_lang)
+            model.config.decoder_start_token_id = self._language_code_id(self.options.tgt_lang)
         return model
 
     def _warm_start(self) -> EncoderDecoderModel:

@@ -33,6 +33,8 @@ OPTIONS = {"mbart": f"src_lang: de_DE, tgt_lang: en_XX, {GENERATION}",
            # M2M100 names its codes by language (de -> __de__); the target code is forced without being named.
            "m2m100": f"src_lang: de, tgt_lang: en, no_repeat_ngram_size: 1, {GENERATION}"}
 
+# Families whose source and target open with a language code (NLLB by code, M2M100 by language: __de__ text </s>).
+FORCED_CODES = {"nllb": ("deu_Latn", "eng_Latn"), "m2m100": ("__de__", "__en__")}
 
 @pytest.fixture(scope="module", params=SEQ2SEQ_FAMILIES)
 def translation_run(request, family_checkpoint, tmp_path_factory):
@@ -55,21 +57,14 @@ def test_families_translation_feeds_each_family_its_conventions(translation_run)
         ids = tokenizer("der mann")["input_ids"]
         assert tokenizer.convert_ids_to_tokens(ids[-2:]) == ["</s>", "de_DE"]
         assert config.decoder_start_token_id == tokenizer.convert_tokens_to_ids("en_XX")
-    if family == "nllb":  # the codes open both sides; generation starts with </s>, then the forced target code
-        assert tokenizer.convert_ids_to_tokens(tokenizer("der mann")["input_ids"])[::3] == ["deu_Latn", "</s>"]
-        assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"])[::3] == ["eng_Latn", "</s>"]
+    if family in FORCED_CODES:  # the codes open both sides; generation starts with </s>, then the forced target code
+        source_code, target_code = FORCED_CODES[family]
+        assert tokenizer.convert_ids_to_tokens(tokenizer("der mann")["input_ids"])[::3] == [source_code, "</s>"]
+        assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"])[::3] == [target_code, "</s>"]
         generation = GenerationConfig.from_pretrained(run)
         assert generation.decoder_start_token_id == tokenizer.eos_token_id
-        assert generation.forced_bos_token_id == tokenizer.convert_tokens_to_ids("eng_Latn")
+        assert generation.forced_bos_token_id == tokenizer.convert_tokens_to_ids(target_code)
         # What predict decodes (and BLEU scores) leaves the codes out, after the run's tokenizer was reloaded.
-        ids = [tokenizer.eos_token_id, *tokenizer(text_target="the man")["input_ids"], tokenizer.pad_token_id]
-        assert decode(tokenizer, np.array([ids])) == ["the man"]
-    if family == "m2m100":  # as NLLB, with codes named by language: __de__ text </s>, __en__ text </s>
-        assert tokenizer.convert_ids_to_tokens(tokenizer("der mann")["input_ids"])[::3] == ["__de__", "</s>"]
-        assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"])[::3] == ["__en__", "</s>"]
-        generation = GenerationConfig.from_pretrained(run)
-        assert generation.decoder_start_token_id == tokenizer.eos_token_id
-        assert generation.forced_bos_token_id == tokenizer.get_lang_id("en")
         ids = [tokenizer.eos_token_id, *tokenizer(text_target="the man")["input_ids"], tokenizer.pad_token_id]
         assert decode(tokenizer, np.array([ids])) == ["the man"]
     if family == "pegasus":  # no prefix or codes; the decoder starts with <pad>; 101 reserved <unk_x> and <mask_1/2> never decode
