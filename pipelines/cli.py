@@ -260,10 +260,26 @@ def _check_merge_out(run_dir: str, out: str | None) -> None:
     _check_new_folder("--out", out, "the merged model")
 
 
+def _check_export_precision(args: argparse.Namespace) -> None:
+    """An ONNX export runs in the precision it was exported in: ``--precision bf16`` changed nothing but
+    the ``inference_precision`` that ``evaluate`` wrote beside the metrics."""
+    if args.precision == "fp32":
+        return
+    from pipelines.onnx_model import EXPORT_FILE, is_export_dir
+
+    if is_export_dir(args.run_dir):
+        raise ModelError(
+            f"--precision {args.precision}: {args.run_dir} is an ONNX export, which runs in the precision it was exported in "
+            f"({EXPORT_FILE} says which); drop --precision, or evaluate the run it came from"
+        )
+
+
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
     # Each command reads its config before importing the module that runs it (torch and friends).
     if _run_edge_command(args, get_task):
         return 0
+    if args.command in ("evaluate", "predict"):
+        _check_export_precision(args)
     if args.command == "train":
         config = load_run_config(get_task, args.config, args.overrides)
         from pipelines.train import train

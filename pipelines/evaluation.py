@@ -32,7 +32,7 @@ from pipelines.data import split_source
 from pipelines.errors import ModelError, OutputDirError, failures_named
 from pipelines.files import read_inputs
 from pipelines.modeling import check_sequence_lengths
-from pipelines.onnx_model import is_export_dir
+from pipelines.onnx_model import export_precision, is_export_dir
 from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
@@ -159,7 +159,8 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
         accelerator, model, loader, task, features, examples, order=sampler.order, mixed_precision=accelerator.mixed_precision != "no"
     )
     # Not "eval_precision": that is a task's own metric (NER's entity precision), which it would overwrite.
-    metrics["inference_precision"] = _precision_name(accelerator.mixed_precision)
+    # An export computes in its own precision (int8), whatever this process's accelerator was built with.
+    metrics["inference_precision"] = export_precision(run_dir) if is_export_dir(run_dir) else _precision_name(accelerator.mixed_precision)
     metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
     metrics["num_processes"] = accelerator.num_processes
     if accelerator.is_main_process:

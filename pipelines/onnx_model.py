@@ -10,6 +10,7 @@ Out: :class:`OnnxModel`, called like the torch model (``model(**batch).logits``)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,11 @@ ONNX_FILE = "model.onnx"
 
 def is_export_dir(path: str | Path) -> bool:
     return (Path(path) / EXPORT_FILE).is_file() and (Path(path) / ONNX_FILE).is_file()
+
+
+def export_precision(path: str | Path) -> str:
+    """The precision an export computes in (``fp32``, ``int8``), as ``export.json`` records it."""
+    return json.loads((Path(path) / EXPORT_FILE).read_text(encoding="utf-8"))["precision"]
 
 
 def import_onnxruntime():

@@ -70,6 +70,8 @@ def _run_inputs(config: RunConfig) -> dict[str, Path]:
         "model.tokenizer_name_or_path": config.model.tokenizer_name_or_path,
         "data.path": config.data.path,
         **data_files_by_key(config.data.files),
+        # A distil run reads its teacher at every step; with distill.init=model no other key names it.
+        "distill.teacher": config.distill.teacher if config.distill is not None else None,
     }
     return {key: Path(value).expanduser().resolve() for key, value in named.items() if value and Path(value).expanduser().exists()}
 

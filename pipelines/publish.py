@@ -71,16 +71,45 @@ def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str |
         sources = [(merged_dir, [p for p in PUBLISH_PATTERNS if p not in _RUN_FILES_WITH_MERGED]), (run_dir, _RUN_FILES_WITH_MERGED)]
     else:
         sources = [(run_dir, PUBLISH_PATTERNS)]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staged: list[str] = []
     for folder, allow in sources:
         for name in publishable_files(folder, allow):
-            shutil.copy2(folder / name, out_dir / name)
-            staged.append(name)
-    adapter = is_adapter_dir(run_dir) and not merged
-    card = build_model_card(config, task, json.loads((run_dir / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter)
-    card.save(out_dir / "README.md")
+            if name.endswith(".safetensors"):
+                _check_weights(folder / name)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged: list[str] = []
+    try:
+        for folder, allow in sources:
+            for name in publishable_files(folder, allow):
+                shutil.copy2(folder / name, out_dir / name)
+                staged.append(name)
+        adapter = is_adapter_dir(run_dir) and not merged
+        card = build_model_card(config, task, json.loads((run_dir / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter)
+        card.save(out_dir / "README.md")
+    except BaseException:
+        # A full disk or Ctrl-C mid-copy left a half-filled --out, which the rerun then refused as not empty.
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        else:
+            for path in out_dir.iterdir():
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
     return sorted([*staged, "README.md"])
+
+
+def _check_weights(path: Path) -> None:
+    """Refuse weights that do not load (a truncated or overwritten file): uploaded, they were a broken model
+    on the Hub that only its users found out about. Reads the header and checks the size it promises."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        raise PublishError(f"{path} does not load ({error}); nothing was published. Retrain or resume the run first") from error
 
 
 def _check_can_push() -> None:
@@ -111,6 +140,9 @@ def publish_run(
         validate_repo_id(repo_id)
     except HFValidationError as error:
         raise PublishError(f"repo id {repo_id!r} (--repo-id or hub.repo_id) is not a valid Hub repo id: {error}") from None
+    if out is not None and not dry_run:
+        # Ignored, it turned a look at the files into an upload.
+        raise PublishError(f"--out {out} writes the files instead of uploading them, with --dry-run only; add --dry-run, or drop --out to upload")
     if dry_run:
         if out is None:
             raise PublishError("--dry-run needs --out DIR to write the folder that would be uploaded")

@@ -251,3 +251,31 @@ def test_cli_sweep_trial_error_is_one_message_without_traceback(tmp_path, tiny_b
     assert "bertpipe sweep: error: train.metric_for_best_model='eval_bogus' is not among the eval metrics" in result.stderr
     # Optuna's own log of the failed trial would repeat the error with its traceback.
     assert "Traceback" not in result.stderr and result.stderr.count("eval_bogus") == 1, result.stderr[-3000:]
+
+
+def test_cli_sweep_writes_only_into_a_new_or_empty_folder_or_an_earlier_sweeps(tmp_path, tiny_bert, sentiment_files, capsys):
+    # The config a run was trained with names that run's folder: a sweep of it wrote trials/, sweep.md,
+    # best.yaml and plots into the finished run, and into any other folder over files of the same names.
+    from pipelines.cli import main
+    from tasks import get_task
+
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "taken")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    for contents, naming in (({"best.yaml": "mine\n"}, "holds no sweep"),
+                             ({"config.yaml": "task: classification\noutput_dir: x\n", "metrics.json": "{}"}, "training run")):
+        for name in list(taken.iterdir()):
+            name.unlink()
+        for name, text in contents.items():
+            (taken / name).write_text(text)
+        capsys.readouterr()
+        assert main(["sweep", str(config), "--trials", "1", "--space", str(space)], get_task=get_task) == 2
+        err = capsys.readouterr().err
+        assert f"output_dir {taken}" in err and naming in err and "Traceback" not in err, err
+        assert {path.name: path.read_text() for path in taken.iterdir()} == contents
+    (taken / "metrics.json").unlink()
+    (taken / "config.yaml").unlink()
+    (taken / "notes.txt").write_text("x")
+    capsys.readouterr()
+    assert main(["sweep", str(config), "--trials", "1", "--space", str(space), f"output_dir={taken / 'notes.txt'}"], get_task=get_task) == 2
+    assert "is a file" in capsys.readouterr().err

@@ -25,6 +25,25 @@ class BenchmarkError(ValueError):
     """A benchmark request that cannot run as asked (unknown setting, no metric of that name)."""
 
 
+def check_comparable(config: RunConfig) -> None:
+    """Refuse a config whose bertpipe run would train another model than the Trainer reference.
+
+    The reference builds the task's plain model and trains every weight of it: against a peft adapter
+    (a fraction of the weights trained) or a distilled student (fewer layers, and a teacher's forward
+    on every batch), the table would compare two different jobs and say nothing about the machinery.
+    """
+    if config.model.peft is not None:
+        raise BenchmarkError(
+            f"model.peft ({config.model.peft.method}): the Trainer reference trains every weight of the full model, so "
+            "the table would compare an adapter with a full fine-tune; benchmark without model.peft"
+        )
+    if config.distill is not None:
+        raise BenchmarkError(
+            f"distill (teacher {config.distill.teacher}): the Trainer reference trains the task's model without a "
+            "teacher, so the table would compare two different jobs; benchmark the config without its distill section"
+        )
+
+
 def benchmark_config_tree(config: RunConfig) -> dict[str, Any]:
     """The config as the benchmark runs it: no intermediate evaluation, checkpoints or trackers.
 

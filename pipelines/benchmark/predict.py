@@ -91,6 +91,16 @@ def run_predict_benchmark(
     overrides: Sequence[str] = (), log: Callable[[str], None] = print, in_child: bool = True,
 ) -> dict[str, Any]:
     """Time both prediction paths ``repeats`` times each (alternating), check they agree, write the table."""
+    if repeats < 1:  # with none, the comparison below had no run to read: an IndexError traceback
+        raise BenchmarkError(f"--seeds {repeats}: with --predict, the repeats of each prediction path; at least 1")
+    from pipelines.onnx_model import is_export_dir
+
+    if is_export_dir(run_dir):
+        # pipeline() loads torch weights, which an export has none of: it failed in the child with a traceback.
+        raise BenchmarkError(
+            f"{run_dir} is an ONNX export; --predict times pipeline(), which loads a torch model: benchmark the run it "
+            "was exported from (export.json names it under source)"
+        )
     config, task = _finished_run(PredictSpec("bertpipe_predict", run_dir, input_path, "", tuple(overrides)), get_task)
     # Checks the file, and fills the datasets cache both settings read it through.
     if task.pipeline_inputs(task.load_inputs(input_path)) is None:

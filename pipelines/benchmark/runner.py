@@ -22,6 +22,7 @@ from pipelines.benchmark.job import (
     BenchmarkError,
     TaskLookup,
     benchmark_config_tree,
+    check_comparable,
     run_config,
     setting_precision,
     setting_sampler,
@@ -127,6 +128,7 @@ def run_benchmark(
     """Run every setting for ``seeds`` seeds, one run at a time; write and return the results."""
     if seeds < 1:
         raise BenchmarkError("--seeds must be at least 1")
+    check_comparable(config)
     out = Path(output_dir or f"{config.output_dir}-benchmark")
     out.mkdir(parents=True, exist_ok=True)
     load_at_start = os.getloadavg()

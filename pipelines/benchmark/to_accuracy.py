@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipelines.benchmark.job import BenchmarkError, TaskLookup, benchmark_config_tree, run_config, setting_precision
+from pipelines.benchmark.job import BenchmarkError, TaskLookup, benchmark_config_tree, check_comparable, run_config, setting_precision
 from pipelines.benchmark.runner import RunSpec, default_metric, run_in_child
 from pipelines.config import RunConfig
 
@@ -167,6 +167,7 @@ def run_to_accuracy(
     """Trainer default and bertpipe for ``seeds`` seeds, alternating; write and return the table."""
     if seeds < 1:
         raise BenchmarkError("--seeds must be at least 1")
+    check_comparable(config)
     out = Path(output_dir or f"{config.output_dir}-to-accuracy")
     out.mkdir(parents=True, exist_ok=True)
     load_at_start = os.getloadavg()

@@ -20,6 +20,7 @@ try:
 except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
+from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import load_config
 from pipelines.sweep.plan import BEST_CONFIG_FILE, BEST_RUN_DIR, REPORT_FILE, SweepPlan
 from pipelines.sweep.space import OptionsLookup
@@ -85,7 +86,7 @@ def write_report(study, plan: SweepPlan, wall_seconds: float | None = None, opti
         lines += ["", "Failed trials (a worker killed mid-trial, or an error) keep their run directories as they were; "
                       "they do not count towards the trials asked for."]
     report_path = output_dir / REPORT_FILE
-    report_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomically(report_path, "\n".join(lines) + "\n")
     return {
         "report": str(report_path), "table": table, "best_config": str(best_path) if best_path else None,
         "best_trial": best.number if best else None, "best_value": best.value if best else None,
@@ -140,7 +141,8 @@ def write_best_config(best, plan: SweepPlan, path: Path, options_for: OptionsLoo
         f"# Trial {best.number} of sweep {plan.study_name!r}: {plan.metric} = {best.value!r} (run directory {run_dir}).\n"
         "# The complete config of that trial; the same seed, precision and thread count reproduce its metric.\n"
     )
-    path.write_text(header + yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    # Written beside and renamed over: a full disk or Ctrl-C mid-write left the last run's best.yaml cut short.
+    write_text_atomically(path, header + yaml.safe_dump(tree, sort_keys=False))
     return path
 
 

@@ -21,7 +21,9 @@ except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
 from pipelines.config import RunConfig, load_config, parse_override
-from pipelines.sweep.plan import JOURNAL_FILE, TRIAL_FILE, SweepPlan, TaskLookup, make_pruner, open_storage
+from pipelines.sweep.plan import (
+    JOURNAL_FILE, LOCK_FILE, REPORT_FILE, TRIAL_FILE, TRIALS_DIR, SweepPlan, TaskLookup, make_pruner, open_storage,
+)
 from pipelines.sweep.report import write_report
 from pipelines.sweep.space import SweepError, load_space
 from pipelines.sweep.workers import fail_dead_trials, run_workers, trial_dir
@@ -70,6 +72,7 @@ def run_sweep(
         first_report=(base.train.eval_steps or 1) * base.train.batch_size * base.train.gradient_accumulation_steps,
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _check_output_dir(output_dir)
     _check_trials_are_this_studys(plan)
     output_dir.mkdir(parents=True, exist_ok=True)
     study = _create_study(plan)
@@ -98,6 +101,30 @@ def _pins(config: RunConfig, overrides: Sequence[str], workers: int) -> list[str
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         pins.append(f"train.torch_num_threads={max(1, cores // workers)}")
     return pins
+
+
+# What an earlier run of a sweep leaves in its output_dir (the journal only with the default storage).
+_SWEEP_FILES = (JOURNAL_FILE, TRIALS_DIR, LOCK_FILE, REPORT_FILE)
+
+
+def _check_output_dir(output_dir: Path) -> None:
+    """A sweep writes only into a new or empty folder, or an earlier sweep's, before anything is written.
+
+    It writes ``sweep.md``, ``best.yaml``, plots and ``trials/`` there: in a training run's folder (the
+    same config's ``output_dir``) or any folder of other files, it mixed its files with theirs and wrote
+    over any of the same name.
+    """
+    if output_dir.exists() and not output_dir.is_dir():
+        raise SweepError(f"output_dir {output_dir} is a file; a sweep writes its trials and report into a folder. Choose another output_dir")
+    if not output_dir.is_dir() or not any(output_dir.iterdir()) or any((output_dir / name).exists() for name in _SWEEP_FILES):
+        return
+    from pipelines.outputs import is_run_dir
+
+    what = "a bertpipe training run" if is_run_dir(output_dir) else "not empty and holds no sweep"
+    raise SweepError(
+        f"output_dir {output_dir} is {what}; a sweep writes its trials, sweep.md, best.yaml and plots only into a new "
+        f"or empty folder, or an earlier sweep's. Give the sweep its own output_dir (e.g. output_dir={output_dir}-sweep)"
+    )
 
 
 def _check_trials_are_this_studys(plan: SweepPlan) -> None:

@@ -203,3 +203,24 @@ def test_benchmark_sampler_column_names_a_non_default_length_group_window(tmp_pa
     assert setting_sampler(make_config(tmp_path, group_by_length=False), "bertpipe") == "random"
     assert setting_sampler(make_config(tmp_path, length_group_batches=4), "trainer_best") == "length-grouped"
     assert setting_sampler(make_config(tmp_path), "trainer_default") == "random"
+
+
+@pytest.mark.parametrize("overrides, naming", [
+    (["model.peft.method=lora"], "model.peft"),
+    (["distill.teacher=/nowhere/teacher", "distill.init=model"], "distill"),
+])
+def test_benchmark_refuses_a_config_whose_bertpipe_job_is_not_the_trainers(tmp_path, overrides, naming):
+    # The Trainer reference trains the task's full model: against a LoRA adapter or a distilled student
+    # the table compared two different jobs, without a word, after hours of runs.
+    from pipelines.benchmark import run_benchmark
+    from pipelines.benchmark.to_accuracy import run_to_accuracy
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a", "label": 0}\n')
+    base = {"task": "classification", "output_dir": str(tmp_path / "run"), "data": {"files": {"train": str(data), "validation": str(data)}}}
+    config = load_config(None, overrides, lambda name: TaskOptions, base=base)
+    for command in (run_benchmark, run_to_accuracy):
+        out = tmp_path / command.__name__
+        with pytest.raises(BenchmarkError, match=naming):
+            command(config, lambda name: pytest.fail("no run may start"), config_label="c", output_dir=str(out), log=lambda line: None)
+        assert not out.exists()

@@ -126,6 +126,8 @@ def test_export_int8_claim_holds_as_evaluate_batches_and_one_at_a_time(exported,
     assert cli("evaluate", item["export"]) == 0
     metrics = json.loads((item["export"] / "eval_validation.json").read_text())
     assert metrics["eval_samples"] == item["summary"]["parity"]["examples"]
+    # The export's own precision: the fp32 this process's accelerator ran in is not what computed the metrics.
+    assert metrics["inference_precision"] == "int8"
     for batch_size in (None, 1):
         _, _, _, _, batches, reference, candidate = torch_and_int8(item, batch_size)
         masks = [batch["attention_mask"].numpy() for batch in batches]

@@ -201,3 +201,41 @@ def test_sweep_stops_when_every_trial_fails_instead_of_replacing_them_forever(tm
     with pytest.raises(SweepError, match=rf"{FAILURES_IN_A_ROW_LIMIT} trials in a row failed .*the last: eval_accuracy is NaN"):
         run_sweep(str(config), [], get_task, trials=2)
     assert len(runs) == FAILURES_IN_A_ROW_LIMIT
+
+
+def test_sweep_best_yaml_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    # Each run of the command rewrites best.yaml: written in place, a full disk (or Ctrl-C) mid-write
+    # left the last run's best config cut short, and `bertpipe train best.yaml` then failed.
+    import builtins
+    import errno
+    import io
+    import os
+    import types
+
+    from pipelines.sweep import SweepPlan, write_best_config
+
+    trial_run = tmp_path / "trials" / "0000"
+    trial_run.mkdir(parents=True)
+    (trial_run / "config.yaml").write_text("task: classification\noutput_dir: x\nseed: 3\n")
+    plan = SweepPlan(config_path="unused.yaml", overrides=(), params=(), metric="eval_accuracy", direction="maximize",
+                     trials=1, output_dir=str(tmp_path), study_name="demo", storage="memory", pruner="none", seed=0, deadline=None)
+    best = types.SimpleNamespace(number=0, value=0.9, user_attrs={"run_dir": str(trial_run)})
+    path = tmp_path / "best.yaml"
+    path.write_text("# the last run's best config\n")
+    real_open = io.open
+
+    def disk_full_at_best_yaml(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)  # opened for writing: truncated
+        if "w" in mode and Path(file).name.startswith("best.yaml"):
+            handle.close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return handle
+
+    monkeypatch.setattr(io, "open", disk_full_at_best_yaml)
+    monkeypatch.setattr(builtins, "open", disk_full_at_best_yaml)
+    with pytest.raises(OSError):
+        write_best_config(best, plan, path)
+    monkeypatch.undo()
+    assert path.read_text() == "# the last run's best config\n"
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["best.yaml", "trials"]
+    assert yaml.safe_load(write_best_config(best, plan, path).read_text())["seed"] == 3
