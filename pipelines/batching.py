@@ -10,7 +10,8 @@ sorted by length and cut into batches, and then the order of *all* batches is sh
 drops sharply while every batch is still a random draw from a random stretch of the data.
 Evaluation batches are sorted by length; :attr:`SortedBatchSampler.order` lets the caller put
 predictions back into dataset order. A model whose outputs change with padding is evaluated one example
-per batch (:func:`exact_eval_batch_size`).
+per batch (:func:`exact_eval_batch_size`); one that rewrites itself in a forward pass (BigBird) is put back
+after every call (:func:`undo_rewrites_after_each_call`).
 """
 
 from __future__ import annotations
@@ -139,14 +140,63 @@ def eval_dataloader(features: Dataset, collator: Callable, batch_size: int, *, n
 PADDING_TOLERANCE = 1e-4
 
 
+def _module_state(model: torch.nn.Module) -> list[tuple[torch.nn.Module, dict, dict]]:
+    """Each module's children and text settings: what a model that rewrites itself in its forward pass changes."""
+    return [(module, dict(module._modules), {key: value for key, value in vars(module).items() if isinstance(value, str)})
+            for module in model.modules()]
+
+
+def _restore_module_state(state: list[tuple[torch.nn.Module, dict, dict]]) -> bool:
+    """Put back what :func:`_module_state` recorded; whether anything had changed."""
+    changed = False
+    for module, children, settings in state:
+        if module._modules.keys() != children.keys() or any(module._modules[key] is not child for key, child in children.items()):
+            module._modules.clear()
+            module._modules.update(children)
+            changed = True
+        if any(getattr(module, key, None) != value for key, value in settings.items()):
+            module.__dict__.update(settings)
+            changed = True
+    return changed
+
+
+def undo_rewrites_after_each_call(model: torch.nn.Module) -> None:
+    """Make every forward pass of ``model`` start from the model as it was before the first one.
+
+    transformers' BigBird, given an input too short for its blocks, swaps its block-sparse attention for full
+    attention *for good* (``set_attention_type``, not in its config): from then on, long inputs that a freshly
+    loaded model, such as ``pipeline()``'s, runs block-sparse were run with full attention, and the outputs of
+    an example depended on which examples the model had seen before. With forward hooks that put each module's
+    children and text settings back after every call, each call runs as on the model as loaded. Idempotent.
+    """
+    if getattr(model, "_bertpipe_undoes_rewrites", False):
+        return
+    saved: list = []
+
+    def before(module, args):
+        saved.append(_module_state(module))
+
+    def after(module, args, output):
+        _restore_module_state(saved.pop())
+
+    model.register_forward_pre_hook(before)
+    model.register_forward_hook(after, always_call=True)
+    model._bertpipe_undoes_rewrites = True
+
+
 def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Callable, features: Dataset, *, probes: int = 4) -> float:
     """The largest change in ``predict_step``'s outputs for a few features of different lengths when each is
     predicted beside the others (padded to the longest) rather than alone; 0.0 with fewer than two lengths.
 
     Most encoders mask padding out exactly. A model that does not (Funnel pools neighbouring positions,
-    FNet mixes every position by Fourier transform, remote code may do anything) gives an example other
-    outputs in an eval batch than alone, as ``pipeline()`` runs it, so its metrics and ``predict`` depend on
-    which examples share a batch. Runs in eval mode without gradients, on the model's device.
+    FNet mixes every position by Fourier transform, BigBird's block-sparse attention lays its blocks out over
+    the padded length, remote code may do anything) gives an example other outputs in an eval batch than
+    alone, as ``pipeline()`` runs it, so its metrics and ``predict`` depend on which examples share a batch.
+    The longest feature is always probed, so the padded batch is the model's longest input of the split (a model
+    that changes its computation with the input length, as BigBird does above its block threshold, shows it).
+    Runs in eval mode without gradients, on the model's device. A model that rewrites itself in a forward pass
+    (BigBird, on an input too short for blocks) is put back after each probe and from then on after every call
+    (:func:`undo_rewrites_after_each_call`): otherwise the first short probe decided how every later input ran.
     """
     lengths = feature_lengths(features)
     by_length = {int(length): index for index, length in enumerate(lengths)}
@@ -159,11 +209,17 @@ def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Cal
     device = next(model.parameters(), torch.empty(0)).device
     was_training = model.training
     model.eval()
+    rewrites = False
     try:
         with torch.no_grad():
             def outputs(batch_rows):
+                nonlocal rewrites
                 batch = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in collator(batch_rows).items()}
-                return {key: value.float().cpu() for key, value in predict_step(model, batch).items()}
+                state = _module_state(model)
+                try:
+                    return {key: value.float().cpu() for key, value in predict_step(model, batch).items()}
+                finally:
+                    rewrites = _restore_module_state(state) or rewrites
 
             together = outputs(rows)
             change = 0.0
@@ -175,6 +231,8 @@ def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Cal
                     change = max(change, (alone[0] - beside).abs().max().item())
     finally:
         model.train(was_training)
+        if rewrites:
+            undo_rewrites_after_each_call(model)
     return change
 
 
@@ -186,14 +244,16 @@ def exact_eval_batch_size(predict_step: Callable, model: torch.nn.Module, collat
     same answer: the largest change any of them measured."""
     # An ONNX export is not checked here: int8 scales follow each batch's values, and `bertpipe export`
     # measures its own error across batchings.
-    if batch_size == 1 or not isinstance(model, torch.nn.Module):
+    if not isinstance(model, torch.nn.Module):
         return batch_size
+    # Probed with a batch size of 1 too: the probe is also what finds a model that rewrites itself in a
+    # forward pass (and makes it run as loaded from then on), which one example per batch does not prevent.
     change = padding_change(predict_step, model, collator, features)
     if accelerator is not None and accelerator.num_processes > 1:
         # Each process probes alike, but a change near the tolerance can round to either side of it; processes
         # that chose different eval batch sizes would wait for each other's collectives forever.
         change = accelerator.gather(torch.tensor([change], device=accelerator.device)).max().item()
-    if change <= PADDING_TOLERANCE:
+    if change <= PADDING_TOLERANCE or batch_size == 1:
         return batch_size
     logger.warning(
         "%s: this %s model's outputs change by up to %.3g when an example is padded beside longer ones (its padding is "

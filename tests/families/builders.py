@@ -8,7 +8,8 @@ Out: the folder holding a 2-layer (hidden 32) random model of that family and it
 Tokenizers are trained with the ``tokenizers`` library on :func:`family_corpus` (a vocabulary small enough
 that names and long words split into several pieces, which is where the defects live) and wrapped in the
 family's own transformers 5 class, built the way ``from_pretrained`` builds it from a converted checkpoint:
-  * WordPiece (BERT, DistilBERT, ELECTRA): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend;
+  * WordPiece (BERT, DistilBERT, ELECTRA, MobileBERT): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend
+    (transformers 5's ``MobileBertTokenizer`` is ``BertTokenizer``);
     MPNet: ``MPNetTokenizer(vocab=...)`` with its RoBERTa-style ``<s> A </s></s> B </s>``; Funnel:
     ``FunnelTokenizer(vocab=...)`` (``<cls>`` of token type 2);
   * byte-level BPE (RoBERTa, BART, Longformer): ``RobertaTokenizer(vocab=..., merges=...)`` (transformers 5 has no
@@ -17,9 +18,11 @@ family's own transformers 5 class, built the way ``from_pretrained`` builds it f
     (``[PAD] [CLS] [SEP] [UNK]`` first and ``[MASK]`` last, as microsoft/deberta-base's vocabulary);
   * byte-level BPE behind the generic ``PreTrainedTokenizerFast`` (ModernBERT's tokenizer.json: BERT-style
     special tokens, a template post-processor that does not trim offsets);
-  * Unigram (ALBERT, DeBERTa-v2/v3, XLM-R, XLNet, T5, mBART): the class from ``vocab=[(piece, score), ...]``,
+  * Unigram (ALBERT, DeBERTa-v2/v3, XLM-R, XLNet, T5, mBART, BigBird): the class from ``vocab=[(piece, score), ...]``,
     which sets the family's own normalizer, Metaspace pre-tokenizer and special-token template (mBART adds
-    its language codes; XLNet puts ``<sep> <cls>`` last and pads on the left);
+    its language codes; XLNet puts ``<sep> <cls>`` last and pads on the left; BigBird, as
+    google/bigbird-roberta-base, has ``<pad> <s> </s>`` first but frames texts with ``[CLS]``/``[SEP]``, and
+    turns runs of spaces into one ``▁``);
   * Pegasus: ``PegasusTokenizer(vocab=[(piece, score), ...])`` (Unigram, ``</s>`` appended, nothing prepended)
     over the converted google/pegasus-* layout: ``<pad> </s> <mask_1> <mask_2>``, 101 reserved ``<unk_x>``
     tokens, ``<unk>`` at id 105, then the pieces;
@@ -39,7 +42,7 @@ import random
 from pathlib import Path
 
 ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert", "mpnet", "xlnet",
-                    "deberta", "longformer"]
+                    "deberta", "longformer", "big_bird", "mobilebert"]
 MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # XLNet pretrains by permutation LM
 # Outputs that change when an example is padded (Funnel pools neighbouring positions): checked where padding
 # matters, since transformers' own Funnel fails on inputs of one or two pieces that other cells feed it.
@@ -49,7 +52,7 @@ FAMILIES = ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES + SEQ2SEQ_FAMILIES
 TOKENIZER_KIND = {
     "bert": "WordPiece", "distilbert": "WordPiece", "electra": "WordPiece", "bert2bert": "WordPiece",
     "roberta": "byte-level BPE", "bart": "byte-level BPE", "deberta": "byte-level BPE", "modernbert": "byte-level BPE (generic class)",
-    "longformer": "byte-level BPE",
+    "longformer": "byte-level BPE", "big_bird": "Unigram", "mobilebert": "WordPiece",
     "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram", "pegasus": "Unigram",
     "mpnet": "WordPiece", "xlnet": "Unigram", "funnel": "WordPiece",
     "marian": "sentencepiece (slow)", "nllb": "sentencepiece BPE", "m2m100": "sentencepiece BPE (slow)",
@@ -82,12 +85,18 @@ def family_corpus(count: int = 600, seed: int = 0) -> list[str]:
 
 # ----- tokenizer backends -------------------------------------------------------------------------
 def _wordpiece_backend(special: list[str], *, template: bool = True):
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(family_corpus(), trainers.WordPieceTrainer(vocab_size=WORDPIECE_VOCAB, special_tokens=special))
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    # Written out rather than trained: WordPieceTrainer breaks ties between equally frequent merges in hash
+    # order, which changes from process to process, and so did the vocabulary, the model built on it and
+    # whatever a barely trained model of it predicts. Every common word whole, every name in pieces (letters).
+    words = {word for line in family_corpus() for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line))}
+    names = {name.lower() for name in PERSONS + PLACES}
+    letters = sorted({letter for word in words for letter in word})
+    pieces = [*special, *letters, *(f"##{letter}" for letter in letters), *sorted(words - names - set(letters))]
+    tokenizer = Tokenizer(models.WordPiece({piece: index for index, piece in enumerate(pieces)}, unk_token="[UNK]"))
+    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
     if not template:
         return tokenizer
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
@@ -153,7 +162,7 @@ def build_tokenizer(family: str):
     from transformers import PreTrainedTokenizerFast, RobertaTokenizer, T5Tokenizer, XLMRobertaTokenizer
 
     bert_special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    if family in ("bert", "electra", "bert2bert"):
+    if family in ("bert", "electra", "bert2bert", "mobilebert"):  # transformers' MobileBertTokenizer is BertTokenizer
         return BertTokenizer(tokenizer_object=_wordpiece_backend(bert_special), model_max_length=128)
     if family == "distilbert":
         return DistilBertTokenizer(tokenizer_object=_wordpiece_backend(bert_special), model_max_length=128)
@@ -198,6 +207,10 @@ def build_tokenizer(family: str):
     if family == "deberta-v2":
         special = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]  # DeBERTa-v3's spm order
         return DebertaV2Tokenizer(vocab=_unigram_vocab(special), unk_id=3, model_max_length=128)
+    if family == "big_bird":
+        from transformers import BigBirdTokenizer
+
+        return BigBirdTokenizer(vocab=_unigram_vocab(["<pad>", "<s>", "</s>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]), model_max_length=128)
     if family == "xlm-roberta":
         return XLMRobertaTokenizer(vocab=_unigram_vocab(["<s>", "<pad>", "</s>", "<unk>", "<mask>"]), model_max_length=128)
     if family == "t5":
@@ -312,6 +325,22 @@ def _model_config(family: str, tokenizer):
     if family == "longformer":  # as allenai/longformer-base-4096: RoBERTa's positions; windows shrunk to the tiny inputs
         return tf.LongformerConfig(vocab_size=vocab, max_position_embeddings=130, attention_window=[8, 8], bos_token_id=0,
                                    eos_token_id=2, sep_token_id=tokenizer.sep_token_id, **size, **ids)
+    if family == "mobilebert":
+        # As google/mobilebert-uncased, shrunk: a 16-wide bottleneck inside a 32-wide body, 4 feed-forward networks per
+        # layer, NoNorm instead of LayerNorm, trigram input embeddings of 16 projected to 32, shared query/key bottleneck.
+        return tf.MobileBertConfig(
+            vocab_size=vocab, max_position_embeddings=128, embedding_size=16, intra_bottleneck_size=16, use_bottleneck=True,
+            use_bottleneck_attention=False, key_query_shared_bottleneck=True, num_feedforward_networks=4,
+            normalization_type="no_norm", trigram_input=True, classifier_activation=False, **size, **ids,
+        )
+    if family == "big_bird":
+        # As google/bigbird-roberta-base (block-sparse attention, 3 random blocks), with blocks of 8 pieces instead of
+        # 64: inputs longer than (5 + 2 * 3) * 8 = 88 pieces run block-sparse, shorter ones fall back to full attention.
+        # As the real threshold (704) lies above the usual data.max_seq_length (512), this one lies above the matrix's
+        # 64; test_families_big_bird.py runs inputs on both sides of a lower one.
+        return tf.BigBirdConfig(vocab_size=vocab, max_position_embeddings=128, attention_type="block_sparse", block_size=8,
+                                num_random_blocks=3, bos_token_id=1, eos_token_id=2,  # <pad> <s> </s> first
+                                sep_token_id=tokenizer.sep_token_id, **size, **ids)
     if family == "xlm-roberta":
         return tf.XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **size, **ids)
     if family == "mpnet":

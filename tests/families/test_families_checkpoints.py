@@ -14,7 +14,7 @@ EXPECTED_CLASS = {
     "t5": "T5Tokenizer", "mbart": "MBartTokenizer", "marian": "MarianTokenizer", "mpnet": "MPNetTokenizer", "xlnet": "XLNetTokenizer",
     "funnel": "FunnelTokenizer", "nllb": "NllbTokenizer", "deberta": "DebertaTokenizer",
     "longformer": "RobertaTokenizer", "pegasus": "PegasusTokenizer",
-    "m2m100": "M2M100Tokenizer",
+    "m2m100": "M2M100Tokenizer", "big_bird": "BigBirdTokenizer", "mobilebert": "BertTokenizer",
 }
 BACKEND_MODEL = {"WordPiece": "WordPiece", "byte-level BPE": "BPE", "byte-level BPE (generic class)": "BPE", "Unigram": "Unigram",
                  "sentencepiece BPE": "BPE"}

@@ -22,7 +22,10 @@ from pipelines.config import ConfigError
 from pipelines.packing import PackingCollator, check_packing_is_exact, position_offset
 from tests.families.builders import ENCODER_FAMILIES, family_corpus
 
-REFUSED = {"deberta", "deberta-v2", "modernbert", "mpnet", "xlnet", "longformer"}
+# BigBird: packed rows are ~2.8e-4 off the unpacked logits (the check's ConfigError; `bertpipe train` exits 2).
+# MobileBERT: its trigram input embeds each piece with its neighbours', so a packed example's edge pieces see
+# the next example (3.2e-4 off; `bertpipe train` exits 2).
+REFUSED = {"deberta", "deberta-v2", "modernbert", "mpnet", "xlnet", "longformer", "big_bird", "mobilebert"}
 
 
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)

@@ -113,3 +113,47 @@ def test_batching_padding_change_is_round_off_for_a_masking_model_and_large_for_
     with caplog.at_level("WARNING", logger="pipelines.batching"):
         assert exact_eval_batch_size(_logits, model, collator, features, 16, where="runs/funnel") == 1
     assert "runs/funnel: this funnel model's outputs change" in caplog.text and "one example per batch instead of 16" in caplog.text
+
+
+def test_batching_a_model_that_rewrites_itself_is_probed_and_run_as_loaded(tmp_path):
+    """BigBird runs inputs longer than (5 + 2 * 3) * block_size pieces block-sparse and shorter ones with full attention,
+    and the first short input switched the loaded model to full attention for good: the probe's short example left
+    it so, and every later long input (predict's, a run's final evaluation's) got other outputs than a freshly loaded
+    model, such as pipeline()'s, gives it. The probe still sees the block layout change with padding."""
+    import copy
+    import logging
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification
+
+    from pipelines.batching import PADDING_TOLERANCE, padding_change
+    from tests.families.builders import build_family, family_corpus
+
+    logging.getLogger("transformers.models.big_bird.modeling_big_bird").setLevel(logging.ERROR)  # the switch's warning
+    checkpoint = build_family("big_bird", tmp_path / "big_bird")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    torch.manual_seed(0)
+    model = AutoModelForTokenClassification.from_pretrained(checkpoint, num_labels=3, block_size=2).eval()  # threshold 22
+    loaded = copy.deepcopy(model)
+    words = " ".join(family_corpus(12, seed=2)).split()
+    features = Dataset.from_list([dict(tokenizer(" ".join(words[:count]))) for count in (3, 30, 12, 24)])
+    assert min(map(len, features["input_ids"])) <= 22 < max(map(len, features["input_ids"]))
+    collator = DataCollatorForTokenClassification(tokenizer)
+
+    assert padding_change(_logits, model, collator, features) > PADDING_TOLERANCE
+    long, short = collator([features[1]]), collator([features[0]])
+    with torch.no_grad():
+        expected = copy.deepcopy(loaded)(**long).logits
+        model(**short)
+        assert torch.allclose(model(**long).logits, expected, atol=1e-6)
+
+    # A run evaluated one example per batch (train.eval_batch_size=1) is probed too: one example per batch
+    # does not stop the first short one from switching the model for the long ones after it.
+    from pipelines.batching import exact_eval_batch_size
+
+    one_per_batch = copy.deepcopy(loaded)
+    assert exact_eval_batch_size(_logits, one_per_batch, collator, features, 1, where="run") == 1
+    with torch.no_grad():
+        one_per_batch(**short)
+        assert torch.allclose(one_per_batch(**long).logits, expected, atol=1e-6)
