@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 # Only light modules here (no torch, transformers or datasets): each command imports what it runs
 # after its arguments are parsed, so help, --version and argument errors answer at once.
 from pipelines.atomic_writes import check_replaceable_folder
-from pipelines.config import RunConfig, load_config
+from pipelines.config import RunConfig
+from pipelines.config_loading import load_config
 from pipelines.errors import ModelError, OutputDirError, RunStopped, UserError, failures_named
 from pipelines.outputs import load_saved_config
 

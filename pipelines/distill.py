@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.adapters import is_peft_model, merge_adapter
-from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
+from pipelines.config import ConfigError, RunConfig, TaskOptions
+from pipelines.config_loading import load_config, parse_override, read_yaml
 from pipelines.errors import ModelError, describe
 from pipelines.heads import reorder_head_labels
 from pipelines.outputs import METRICS_FILE, load_saved_config

@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from pipelines.atomic_writes import json_safe, replacing_files, write_text_atomically
-from pipelines.config import RunConfig, read_yaml
+from pipelines.config import RunConfig
+from pipelines.config_loading import read_yaml
 from pipelines.errors import OutputDirError
 
 CONFIG_FILE = "config.yaml"

@@ -85,7 +85,7 @@ def run_task(run_dir: Path) -> str:
 def eval_sentences(run_dir: Path) -> list:
     """The eval split's inputs (texts; NER: word lists), read through the task's own loader, so the
     same rows ``bertpipe evaluate`` scores."""
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from pipelines.outputs import load_saved_config
     from tasks import get_task
 

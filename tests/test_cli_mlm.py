@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from tasks import get_task
 from tasks.mlm import MlmTask

@@ -247,7 +247,7 @@ def test_cli_ner_lora_adapter_run_trains_and_reloads(ner_setup, tmp_path):
 def test_cli_ner_packed_training_counts_every_example_and_learns(tmp_path):
     """``train.pack_sequences``: random batches packed into shared rows train as well as padded ones, and
     the run's sample and token counts are those of the examples, not of the rows."""
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from tasks import get_task
 
     config = toy_ner_config(tmp_path, toy_ner_model(tmp_path))

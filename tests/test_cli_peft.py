@@ -172,7 +172,7 @@ def test_merge_killed_mid_write_leaves_the_earlier_merged_model_whole(lora_run, 
     import transformers.modeling_utils
     from transformers import AutoModelForSequenceClassification
 
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from pipelines.evaluation import merge_run
     from pipelines.outputs import load_saved_config
     from tasks import get_task
@@ -262,7 +262,7 @@ def test_cli_publish_without_network_fails_fast_with_one_clear_error(lora_run):
 
 def test_publish_without_token_is_a_publish_error(lora_run, monkeypatch, tmp_path):
     from pipelines.outputs import load_saved_config
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from pipelines.publish import PublishError, publish_run
     from tasks import get_task
 
@@ -276,7 +276,7 @@ def test_publish_without_token_is_a_publish_error(lora_run, monkeypatch, tmp_pat
 
 
 def test_publish_dry_run_out_that_is_a_file_names_out_and_keeps_the_file(lora_run, tmp_path):
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from pipelines.outputs import load_saved_config
     from pipelines.publish import PublishError, publish_run
     from tasks import get_task

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from pipelines.config import TRAINER_LENGTH_GROUP_BATCHES, RunConfig, load_config
+from pipelines.config import TRAINER_LENGTH_GROUP_BATCHES, RunConfig
+from pipelines.config_loading import load_config
 from pipelines.optim import plan_steps
 from pipelines.runtime import has_accelerator_device, native_bf16, resolve_mixed_precision
 

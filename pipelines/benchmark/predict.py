@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from pipelines.benchmark.job import BenchmarkError, TaskLookup
 from pipelines.benchmark.measure import peak_rss_mb
 from pipelines.benchmark.report import _cell, _load, _spread
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.runtime import has_accelerator_device
 
 

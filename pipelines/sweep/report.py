@@ -21,7 +21,7 @@ except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
 from pipelines.atomic_writes import write_text_atomically
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.sweep.plan import BEST_CONFIG_FILE, BEST_RUN_DIR, REPORT_FILE, SweepPlan
 from pipelines.sweep.space import OptionsLookup
 

@@ -20,7 +20,8 @@ try:
 except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
-from pipelines.config import RunConfig, load_config, parse_override
+from pipelines.config import RunConfig
+from pipelines.config_loading import load_config, parse_override
 from pipelines.sweep.plan import (
     JOURNAL_FILE, LOCK_FILE, REPORT_FILE, TRIAL_FILE, TRIALS_DIR, SweepPlan, TaskLookup, make_pruner, open_storage,
 )

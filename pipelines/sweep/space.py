@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 import yaml
 from pydantic import BaseModel
 
-from pipelines.config import ConfigError, RunConfig, TaskOptions, load_config, parse_override, read_yaml
+from pipelines.config import ConfigError, RunConfig, TaskOptions
+from pipelines.config_loading import load_config, parse_override, read_yaml
 
 OptionsLookup = Callable[[str], type[TaskOptions]]
 

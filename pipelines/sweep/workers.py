@@ -30,7 +30,7 @@ try:
 except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.sweep.plan import LOCK_FILE, TRIAL_FILE, SweepPlan, TaskLookup, make_pruner, open_storage
 from pipelines.sweep.space import SweepError, yaml_scalar
 

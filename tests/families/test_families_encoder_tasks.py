@@ -157,7 +157,7 @@ def test_families_qa_spans_are_exact_everywhere(family, family_checkpoint, tmp_p
 
 @pytest.mark.parametrize("family", MLM_FAMILIES + PADDING_DEPENDENT_FAMILIES)
 def test_families_mlm_whole_word_masks_and_fill_mask_agree(family, family_checkpoint, tmp_path):
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from tasks import get_task
 
     files = {"train": (tmp_path / "train.txt"), "validation": (tmp_path / "validation.txt")}

@@ -62,7 +62,7 @@ def test_families_ner_words_are_pieces_of_running_text(ner_run):
 def test_families_ner_every_label_lands_on_its_word(ner_run):
     """Training features: every piece, placed by its character offsets, carries its own word's tag
     (the first piece the word's tag, later pieces its I- form: all pieces are trained)."""
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from tasks import get_task
 
     family, run, folder = ner_run

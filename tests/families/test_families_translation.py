@@ -129,7 +129,8 @@ def test_families_translation_lora_attaches_without_naming_target_modules(family
 def test_families_translation_language_code_the_tokenizer_lacks_is_refused(family, key, code, family_checkpoint, tmp_path):
     """A mistyped code is no error to mBART's tokenizer: it becomes <unk> in every source, label and decoder start.
     M2M100's names codes by language (de, not de_DE or __de__); its KeyError for another becomes the same message."""
-    from pipelines.config import ConfigError, load_config
+    from pipelines.config import ConfigError
+    from pipelines.config_loading import load_config
     from tasks import get_task
     from tests.families.matrix import write_config
 
@@ -148,7 +149,7 @@ def test_families_translation_language_code_the_tokenizer_lacks_is_refused(famil
 def test_families_translation_target_code_opening_labels_is_forced_first(family, src_lang, tgt_lang, forced, family_checkpoint, tmp_path):
     """NLLB and M2M100 (whose codes are named by language: tgt_lang en is __en__) open every label with the target
     code but start the decoder with </s>: unforced, generation picks a language itself. mBART starts the decoder with the code, so nothing is forced after it."""
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from tasks import get_task
     from tests.families.matrix import write_config
 

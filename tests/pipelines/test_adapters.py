@@ -30,7 +30,8 @@ from pipelines.adapters import (
     apply_peft, base_model_id, default_feedforward_modules, default_modules_to_save, default_target_modules, is_adapter_dir,
     is_peft_model, peft_task_type, save_adapter_run, save_merged_model,
 )
-from pipelines.config import ConfigError, ModelConfig, PeftConfig, load_config
+from pipelines.config import ConfigError, ModelConfig, PeftConfig
+from pipelines.config_loading import load_config
 from pipelines.errors import ModelError
 from pipelines.modeling import count_parameters, load_model
 

@@ -27,7 +27,8 @@ from pipelines.benchmark import (
     trainer_predictions,
     warmup_updates,
 )
-from pipelines.config import TaskOptions, load_config
+from pipelines.config import TaskOptions
+from pipelines.config_loading import load_config
 
 
 def make_config(tmp_path, **train):

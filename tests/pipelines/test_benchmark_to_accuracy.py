@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.benchmark.to_accuracy import first_reaching, format_to_accuracy, mean_curve, shipped_config_tree, summarize_to_accuracy
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from tests.conftest import classification_config
 
 CURVE = [{"seconds": 10.0, "step": 50, "metric": 0.70}, {"seconds": 20.0, "step": 100, "metric": 0.84},

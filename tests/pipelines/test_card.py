@@ -10,7 +10,7 @@ from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from pipelines.card import build_model_card, hub_metric, usage_snippet
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from tasks import get_task
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipelines.config import ConfigError, TaskOptions, load_config, parse_override
+from pipelines.config import ConfigError, TaskOptions
+from pipelines.config_loading import load_config, parse_override
 
 
 class DemoOptions(TaskOptions):

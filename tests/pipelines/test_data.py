@@ -140,7 +140,7 @@ class _SplitTask:
 
 
 def test_data_prepare_data_is_the_raw_splits_tokenizer_and_both_features(tmp_path):
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from pipelines.data import prepare_data
 
     train, valid = write_rows(tmp_path / "train.jsonl", ROWS), write_rows(tmp_path / "valid.jsonl", ROWS[:3])

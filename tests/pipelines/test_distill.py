@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines.config import ConfigError, load_config
+from pipelines.config import ConfigError
+from pipelines.config_loading import load_config
 from pipelines.distill import (
     DistillError, distill_config, hidden_layer_map, mean_teacher_kl, shrink_to_layers, soft_target_kl, teacher_layer_choice,
 )

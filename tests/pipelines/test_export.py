@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from pipelines.config import load_config  # noqa: E402
+from pipelines.config_loading import load_config  # noqa: E402
 from pipelines.evaluation import predict_file  # noqa: E402
 from pipelines.export import compare_outputs, export_run  # noqa: E402
 from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, OnnxModel  # noqa: E402

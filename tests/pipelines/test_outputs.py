@@ -37,7 +37,7 @@ def test_outputs_an_unfinished_replacement_interrupted_while_being_discarded_sta
     # left a folder without config.yaml but with the rest: refused for good as "not a bertpipe run".
     import shutil
 
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from pipelines.outputs import check_output_dir, replaced_run_dir, set_aside_run_dir
     from tasks import get_task
     from tests.conftest import classification_config
@@ -147,7 +147,7 @@ def test_outputs_a_model_saved_over_another_layout_is_the_one_that_loads(tmp_pat
 def test_outputs_refusals_name_the_finished_run_an_interrupted_overwrite_set_aside(tmp_path, tiny_bert, sentiment_files):
     # overwrite=true keeps the old run in .<name>.replaced until the new one finishes; after an interruption
     # every refusal of the folder read as if that finished run were lost.
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from pipelines.errors import OutputDirError
     from pipelines.outputs import check_output_dir, replaced_run_dir
     from tasks import get_task

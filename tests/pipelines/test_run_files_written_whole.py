@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.outputs import StepLog
 from tasks import get_task
 from tests.conftest import REPO_ROOT

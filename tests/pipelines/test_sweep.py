@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config import TaskOptions, load_config
+from pipelines.config import TaskOptions
+from pipelines.config_loading import load_config
 from pipelines.sweep import Param, SweepError, load_space, yaml_scalar
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipelines.checkpoint import TrainerState
-from pipelines.config import ConfigError, load_config
+from pipelines.config import ConfigError
+from pipelines.config_loading import load_config
 from pipelines.train import BEST_MODEL_DIR, BestModel
 from tasks import get_task
 

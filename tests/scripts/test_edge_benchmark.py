@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from pipelines.config import load_config  # noqa: E402
+from pipelines.config_loading import load_config  # noqa: E402
 from pipelines.evaluation import predict_file  # noqa: E402
 from pipelines.export import export_run  # noqa: E402
 from pipelines.outputs import load_saved_config  # noqa: E402

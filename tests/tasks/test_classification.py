@@ -7,7 +7,7 @@ import pytest
 import torch
 from datasets import ClassLabel, Dataset, Features, Sequence, Value
 
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from tasks import get_task
 from tasks.classification import ClassificationTask

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from pipelines.metrics import load_metric
 from tasks import get_task

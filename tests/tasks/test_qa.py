@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.config import load_config
+from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from pipelines.metrics import load_metric
 from pipelines.metrics.squad_scoring import f1_score, normalize_answer, squad_v1_scores, squad_v2_scores

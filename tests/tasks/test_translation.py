@@ -13,7 +13,8 @@ import sacrebleu
 import torch
 from datasets import Dataset
 
-from pipelines.config import ConfigError, load_config
+from pipelines.config import ConfigError
+from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from pipelines.errors import ModelError
 from pipelines.metrics import load_metric
@@ -478,7 +479,7 @@ def test_translation_configs_load():
 
 def test_translation_csv_sentences_are_read_as_written(tmp_path):
     # pandas alone reads a column of numbers ("2024", "1.50") as numbers and "NA" as missing.
-    from pipelines.config import load_config
+    from pipelines.config_loading import load_config
     from tasks import get_task
 
     rows = tmp_path / "train.csv"

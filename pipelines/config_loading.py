@@ -1,0 +1,282 @@
+"""A run configuration from a YAML file plus dotted ``key=value`` overrides.
+
+In:  a YAML path (or a saved config as a mapping), a list of ``section.key=value`` strings, and a lookup from
+     task name to the task's own settings class (so ``pipelines/`` never imports ``tasks/``).
+Out: a frozen, validated :class:`~pipelines.config.RunConfig` (the schema lives in pipelines.config).
+
+Every problem is a :class:`~pipelines.config.ConfigError` naming the key, the file (or the command line)
+and, for unknown keys, the closest valid key. YAML is read as YAML 1.2 reads it (only true/false are
+booleans, no octal or base-60 integers) and a key given twice in one mapping is an error.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from pydantic import BaseModel, ValidationError, create_model
+
+from pipelines.config import ConfigError, RunConfig, Section, TaskOptions
+
+
+def parse_override(override: str) -> tuple[list[str], Any]:
+    """``train.max_steps=10`` -> (["train", "max_steps"], 10); the value is read as YAML."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form section.key=value")
+    dotted, raw_value = override.split("=", 1)
+    keys = dotted.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"override {override!r} has an empty key")
+    # No key has brackets: ``data.files.validation[0]=b`` made a split named "validation[0]" that nothing read.
+    if any("[" in key or "]" in key for key in keys):
+        raise ConfigError(
+            f"override {override!r}: a list element cannot be set alone; give the whole list, "
+            f"e.g. {'.'.join(key.split('[')[0] for key in keys)}=[a, b]"
+        )
+    try:
+        # The config file's loader, so that a value (``data.files={train: a, train: b}``) gives no key twice either.
+        value = yaml.load(raw_value, Loader=_UniqueKeyLoader) if raw_value.strip() else None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"override {override!r}: value is not valid YAML ({error})") from error
+    return keys, value
+
+
+def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, *, task_name: Any = None) -> list[tuple[str, ...]]:
+    """Set ``keys`` to ``value``; returns the keys set. A mapping given for a section sets those keys of it and
+    keeps the others (``train={max_steps: 5}`` replacing the file's whole train section put its learning rate
+    and batch size back to the defaults, silently); a mapping-valued setting (``data.files``) is replaced."""
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    last = keys[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict) and _names_a_section(keys, task_name):
+        return [set_ for key, item in value.items() for set_ in _set_dotted(tree, [*keys, key], item, task_name=task_name)]
+    node[last] = value
+    return [tuple(keys)]
+
+
+def _names_a_section(keys: list[str], task_name: Any) -> bool:
+    """Whether ``keys`` name a config section (``train``, ``model.peft``, the task's own), not a setting."""
+    if keys == [task_name]:
+        return True
+    model: type[BaseModel] = RunConfig
+    for key in keys:
+        field = model.model_fields.get(key)
+        annotation = field.annotation if field else None
+        # An optional section (``peft: PeftConfig | None``) is a section too.
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, Section)), None)
+        if section is None:
+            return False
+        model = section
+    return True
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error.
+
+    Plain PyYAML keeps the last value silently, so ``learning_rate`` set twice trains with
+    whichever came last and the user never learns the first was ignored.
+    """
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key; the base constructor reports it
+            continue
+        # By key, not by line: a flow mapping (``files: {train: a.csv, train: b.csv}``) repeats a key on one line.
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+# Booleans as YAML 1.2 reads them: only true/false. YAML 1.1 also reads yes/no/on/off, so the language
+# code ``no`` (Norwegian), a config name ``on`` or a split ``off`` arrived as booleans that a text setting
+# refused; a boolean setting still takes yes/no/on/off, which pydantic reads as booleans.
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+# Integers as YAML 1.2 reads them: YAML 1.1 reads a leading zero as octal and colons as base 60, so
+# ``eval_steps: 0500`` was 320 and ``1:30`` was 90. Decimal (underscores allowed, as before), 0x hex, 0o octal.
+_INT_TAG = "tag:yaml.org,2002:int"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT_TAG]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    _INT_TAG, re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"), list("-+0123456789")
+)
+
+
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    return int(text, 0) if re.match(r"[-+]?0[xo]", text) else int(text, 10)
+
+
+_UniqueKeyLoader.add_constructor(_INT_TAG, _construct_int)
+
+
+def _describe_path(path: Path) -> str:
+    """What a config path is, when it is not a readable regular file."""
+    if not path.exists():
+        return "does not exist"
+    if path.is_dir():
+        return "is a folder, not a YAML file"
+    return "is not a regular file (a device, pipe or socket), not a YAML file"
+
+
+def read_yaml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
+    """A YAML mapping from ``path``; every failure is a ConfigError naming the file (and line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} {path} {_describe_path(path)}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{what} {path}: not UTF-8 text (byte {error.start}); is it a YAML file?") from error
+    except OSError as error:
+        raise ConfigError(f"{what} {path} cannot be read: {error.strerror or error}") from error
+    try:
+        tree = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections at the top level")
+    return tree
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] = (),
+    task_options_for: Callable[[str], type[TaskOptions]] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+) -> RunConfig:
+    """Read YAML (or start from ``base``), apply overrides, validate against the task's schema."""
+    source = str(path) if path is not None else "the saved run config"
+    tree = read_yaml(path) if path is not None else dict(base or {})
+    where = _Origin(source, copy.deepcopy(tree))
+    for override in overrides:
+        keys, value = parse_override(override)
+        where.overrides.update(_set_dotted(tree, keys, value, task_name=tree.get("task")))
+
+    task_name = tree.get("task")
+    # Everything but the task's own section first: that needs no task module (each imports torch),
+    # so a typo there is reported at once instead of after seconds of imports. An unknown top-level
+    # key may be the section of a misspelt task, so then the task name is checked first, as below.
+    general_schema = _schema_for(TaskOptions)
+    try:
+        general_schema.model_validate({key: value for key, value in tree.items() if key != task_name})
+    except ValidationError as error:
+        if any(problem["type"] == "extra_forbidden" and len(problem["loc"]) == 1 for problem in error.errors()):
+            _task_options(task_options_for, task_name, where.of(["task"]))
+        raise ConfigError(_describe(error, general_schema, where, task_name)) from None
+    options_cls = _task_options(task_options_for, task_name, where.of(["task"]))
+    if isinstance(task_name, str) and task_name in tree:
+        tree["task_options"] = tree.pop(task_name)
+    schema = _schema_for(options_cls)
+    try:
+        return schema.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, schema, where, task_name)) from None
+
+
+def _task_options(task_options_for: Callable[[str], type[TaskOptions]] | None, task_name: Any, source: str) -> type[TaskOptions]:
+    if task_options_for is None or not isinstance(task_name, str):
+        return TaskOptions
+    try:
+        return task_options_for(task_name)
+    except KeyError as error:
+        raise ConfigError(f"{source}: task: {error.args[0]}") from error
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_for(options_cls: type[TaskOptions]) -> type[RunConfig]:
+    """RunConfig whose ``task_options`` is the task's own class (one class per task, reused)."""
+    return create_model(f"RunConfig_{options_cls.__name__}", __base__=RunConfig, task_options=(options_cls, options_cls()))
+
+
+class _Origin:
+    """Where a key's value came from, for messages: the file (``source``), the command line, or both."""
+
+    def __init__(self, source: str, file_tree: dict[str, Any]) -> None:
+        self.source, self.file_tree = source, file_tree
+        self.overrides: set[tuple[str, ...]] = set()
+
+    def of(self, location: list[str]) -> str:
+        location = tuple(location)
+        # An override of the key or of a section above it replaced the file's value entirely.
+        if any(location[: len(keys)] == keys for keys in self.overrides):
+            return "the command line"
+        # An override below the key (``trian.max_steps=3`` creates ``trian``) changed or created it.
+        if any(keys[: len(location)] == location for keys in self.overrides):
+            return f"{self.source} and the command line" if self._in_file(location) else "the command line"
+        return self.source
+
+    def _in_file(self, location: tuple[str, ...]) -> bool:
+        node: Any = self.file_tree
+        for key in location:
+            if not isinstance(node, dict) or key not in node:
+                return False
+            node = node[key]
+        return True
+
+
+def _describe(error: ValidationError, schema: type[BaseModel], origin: _Origin, task_name) -> str:
+    lines = []
+    for problem in error.errors():
+        location = [str(part) for part in problem["loc"]]
+        shown = [task_name if part == "task_options" else part for part in location]
+        dotted = ".".join(shown) or "(top level)"
+        where = origin.of(shown)
+        if problem["type"] == "extra_forbidden":
+            valid = _valid_keys(schema, location[:-1], task_name)
+            close = difflib.get_close_matches(location[-1], valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {'.'.join(shown[:-1] + close)!r}?" if close else ""
+            lines.append(f"unknown key {dotted!r} in {where}{hint} (valid here: {', '.join(sorted(valid))})")
+        elif problem["type"] == "missing":
+            lines.append(f"missing required key {dotted!r} in {where}")
+        else:
+            got = problem.get("input")
+            lines.append(f"bad value for {dotted!r} in {where}: {problem['msg']} (got {got!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _valid_keys(schema: type[BaseModel], location: list[str], task_name) -> list[str]:
+    model = schema
+    for part in location:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field else None
+        # An optional section (``peft: PeftConfig | None``) lists the keys of its section type.
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        annotation = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if annotation is not None:
+            model = annotation
+        else:
+            return []
+    keys = [name for name in model.model_fields if name != "task_options"]
+    if model is schema and task_name:
+        keys.append(str(task_name))
+    return keys
