@@ -8,8 +8,9 @@ Out: the folder holding a 2-layer (hidden 32) random model of that family and it
 Tokenizers are trained with the ``tokenizers`` library on :func:`family_corpus` (a vocabulary small enough
 that names and long words split into several pieces, which is where the defects live) and wrapped in the
 family's own transformers 5 class, built the way ``from_pretrained`` builds it from a converted checkpoint:
-  * WordPiece (BERT, DistilBERT, ELECTRA, MobileBERT): ``BertTokenizer``/``DistilBertTokenizer`` over a trained backend
-    (transformers 5's ``MobileBertTokenizer`` is ``BertTokenizer``);
+  * WordPiece (BERT, DistilBERT, ELECTRA, MobileBERT): ``BertTokenizer``/``DistilBertTokenizer`` over a backend whose
+    vocabulary is written out, not trained (``_wordpiece_backend`` says why; transformers 5's ``MobileBertTokenizer``
+    is ``BertTokenizer``);
     MPNet: ``MPNetTokenizer(vocab=...)`` with its RoBERTa-style ``<s> A </s></s> B </s>``; Funnel:
     ``FunnelTokenizer(vocab=...)`` (``<cls>`` of token type 2);
   * byte-level BPE (RoBERTa, BART, Longformer): ``RobertaTokenizer(vocab=..., merges=...)`` (transformers 5 has no
