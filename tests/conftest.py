@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests import cli_server
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 
@@ -140,8 +142,9 @@ train:
 
 def cli_env(**extra: str) -> dict[str, str]:
     # BERTPIPE_NATIVE_BF16 passes through, so `BERTPIPE_NATIVE_BF16=1 pytest` runs every CLI test as on a bf16 CPU.
+    # PYTEST_CURRENT_TEST too: it names each test, and the warm server runs only commands in its own environment.
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("ACCELERATE_", "BERTPIPE_")) or key == "BERTPIPE_NATIVE_BF16"}
+           if not key.startswith(("ACCELERATE_", "BERTPIPE_", "PYTEST_CURRENT_TEST")) or key == "BERTPIPE_NATIVE_BF16"}
     # Kept after the repo: scripts/gpu_check.sh puts the wheels it installed there.
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env.update(PYTHONPATH=python_path, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -161,11 +164,14 @@ def signal_after_logged_losses(process: subprocess.Popen, log: Path, count: int,
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``bertpipe ARGS`` in a fresh interpreter, as a user would run it."""
-    result = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args], cwd=REPO_ROOT, env=env or cli_env(),
-        capture_output=True, text=True, timeout=timeout,
-    )
+    """``bertpipe ARGS`` in a process of its own, as a user would run it: forked from this worker's warm
+    server when ``env`` is the default one (tests/cli_server.py), else in a fresh interpreter."""
+    env = env or cli_env()
+    result = cli_server.run(list(args), env, REPO_ROOT, timeout, server_env=cli_env())
+    if result is None:
+        result = subprocess.run(
+            [sys.executable, "-m", "tasks.cli", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        )
     if check and result.returncode != 0:
         raise AssertionError(f"bertpipe {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result

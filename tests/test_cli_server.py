@@ -1,0 +1,56 @@
+"""The tests' warm ``bertpipe`` (tests/cli_server.py) answers as a fresh interpreter does: the same exit
+status, stdout and stderr, in a process of its own with the command's environment and folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import cli_server
+from tests.conftest import REPO_ROOT, cli_env
+
+
+def fresh(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+
+
+def warm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess | None:
+    return cli_server.run(list(args), env or cli_env(), REPO_ROOT, 120, server_env=cli_env())
+
+
+@pytest.fixture(autouse=True)
+def server_on(monkeypatch):
+    monkeypatch.delenv(cli_server.OFF_VARIABLE, raising=False)
+
+
+@pytest.mark.parametrize("args", [
+    ("--version",),
+    ("frobnicate",),                                                        # argparse's error, exit 2
+    ("train", "configs/classification/sst2.yaml", "train.lrr=1"),           # bertpipe's own, exit 2
+])
+def test_cli_server_answers_as_a_fresh_interpreter(args):
+    expected, answered = fresh(*args), warm(*args)
+    assert (answered.returncode, answered.stdout, answered.stderr) == (expected.returncode, expected.stdout, expected.stderr)
+
+
+def test_cli_server_leaves_another_environment_to_a_fresh_interpreter():
+    # huggingface_hub reads HF_TOKEN and its offline switch at import: a server started without them cannot stand in.
+    assert warm("--version", env=cli_env(HF_TOKEN="hf_x")) is None
+    assert warm("--version") is not None
+
+
+def test_cli_server_kills_a_command_past_its_timeout_and_answers_the_next():
+    warm("--version")
+    server = cli_server._servers[os.getpid()]
+    # No command outlasts a zero timeout: the child is killed while it still imports the CLI.
+    with pytest.raises(subprocess.TimeoutExpired):
+        server.run(["--version"], timeout=0.0)
+    assert warm("--version").stdout == fresh("--version").stdout
+
+
+def test_cli_server_is_off_when_asked(monkeypatch):
+    monkeypatch.setenv(cli_server.OFF_VARIABLE, "1")
+    assert warm("--version") is None
