@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.adapters import MERGED_DIR, is_adapter_dir
+from pipelines.atomic_writes import replacing_folder
 from pipelines.card import build_model_card
 from pipelines.config import RunConfig
 from pipelines.hub import hub_reachable
@@ -55,14 +56,25 @@ def publishable_files(folder: Path, allow: list[str]) -> list[str]:
 
 
 def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str | Path, *, repo_id: str, merged: bool = False) -> list[str]:
-    """Copy what would be uploaded into ``out_dir`` (plus a card for ``repo_id``); returns the file names."""
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    """Copy what would be uploaded into the empty folder ``out_dir`` (plus a card for ``repo_id``); returns
+    the file names. The run is checked first: nothing is copied from a run that cannot be published."""
+    sources = _publishable_sources(Path(run_dir), merged)
+    out_dir = Path(out_dir)
+    staged: list[str] = []
+    for folder, allow in sources:
+        for name in publishable_files(folder, allow):
+            shutil.copy2(folder / name, out_dir / name)
+            staged.append(name)
+    adapter = is_adapter_dir(run_dir) and not merged
+    card = build_model_card(config, task, json.loads((Path(run_dir) / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter)
+    card.save(out_dir / "README.md")
+    return sorted([*staged, "README.md"])
+
+
+def _publishable_sources(run_dir: Path, merged: bool) -> list[tuple[Path, list[str]]]:
+    """(folder, file patterns) to publish from a finished run; refuses a run that is not one or whose weights do not load."""
     if not (run_dir / METRICS_FILE).is_file():
         raise PublishError(f"{run_dir} is not a finished bertpipe run (no {METRICS_FILE}); train it first")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PublishError(f"--out {out_dir} is a file, not a folder; choose a new folder")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise PublishError(f"--out {out_dir} is not empty; choose a new folder so nothing stale is uploaded")
     sources: list[tuple[Path, list[str]]]
     if merged:
         merged_dir = run_dir / MERGED_DIR
@@ -75,29 +87,19 @@ def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str |
         for name in publishable_files(folder, allow):
             if name.endswith(".safetensors"):
                 _check_weights(folder / name)
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staged: list[str] = []
-    try:
-        for folder, allow in sources:
-            for name in publishable_files(folder, allow):
-                shutil.copy2(folder / name, out_dir / name)
-                staged.append(name)
-        adapter = is_adapter_dir(run_dir) and not merged
-        card = build_model_card(config, task, json.loads((run_dir / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter)
-        card.save(out_dir / "README.md")
-    except BaseException:
-        # A full disk or Ctrl-C mid-copy left a half-filled --out, which the rerun then refused as not empty.
-        if created:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        else:
-            for path in out_dir.iterdir():
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-        raise
-    return sorted([*staged, "README.md"])
+    return sources
+
+
+def _stage_dry_run(run_dir: Path, config: RunConfig, task: Task, out: Path, *, repo_id: str, merged: bool) -> list[str]:
+    """Stage into ``--out`` (new or empty) beside it and rename it in: a full disk or Ctrl-C mid-copy left a
+    half-filled ``--out``, which the rerun then refused as not empty."""
+    _publishable_sources(run_dir, merged)  # a run that cannot be published is named before --out is looked at
+    if out.exists() and not out.is_dir():
+        raise PublishError(f"--out {out} is a file, not a folder; choose a new folder")
+    if out.exists() and any(out.iterdir()):
+        raise PublishError(f"--out {out} is not empty; choose a new folder so nothing stale is uploaded")
+    with replacing_folder(out, label="--out") as staging:
+        return stage_run(run_dir, config, task, staging, repo_id=repo_id, merged=merged)
 
 
 def _check_weights(path: Path) -> None:
@@ -146,7 +148,7 @@ def publish_run(
     if dry_run:
         if out is None:
             raise PublishError("--dry-run needs --out DIR to write the folder that would be uploaded")
-        files = stage_run(run_dir, config, task, out, repo_id=repo_id, merged=merged)
+        files = _stage_dry_run(Path(run_dir), config, task, Path(out), repo_id=repo_id, merged=merged)
         return {"repo_id": repo_id, "dry_run": True, "folder": str(out), "files": files}
 
     _check_can_push()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from tests.faults.conftest import bertpipe_in_process
 
 
@@ -33,9 +35,10 @@ def test_faults_publish_out_without_dry_run_is_refused_before_any_upload(refused
     assert not uploads and not out.exists()
 
 
-def test_faults_publish_dry_run_full_disk_leaves_no_half_written_out(refused, capsys, run_copy, tmp_path, monkeypatch):
+@pytest.mark.parametrize("out_existed", [False, True], ids=["new-out", "empty-out"])
+def test_faults_publish_dry_run_full_disk_leaves_no_half_written_out(refused, capsys, run_copy, tmp_path, monkeypatch, out_existed):
     # A full disk mid-copy left a half-filled --out: the files list was never printed, and the rerun
-    # after freeing space refused the folder as not empty.
+    # after freeing space refused the folder as not empty. An --out made empty beforehand stays, empty.
     import errno
     import os
 
@@ -51,9 +54,12 @@ def test_faults_publish_dry_run_full_disk_leaves_no_half_written_out(refused, ca
 
     monkeypatch.setattr(publish.shutil, "copy2", disk_full_at_the_second_file)
     out = tmp_path / "upload"
+    if out_existed:
+        out.mkdir()
     refused("publish", run_copy, "--repo-id", "someone/tiny", "--dry-run", "--out", out,
             needles=["No space left on device", "run the command again"])
-    assert copied and not out.exists()
+    assert copied and (list(out.iterdir()) == [] if out_existed else not out.exists())
+    assert [path.name for path in tmp_path.iterdir() if path.name.endswith(".partial")] == []
     monkeypatch.undo()
     status, _ = bertpipe_in_process(capsys, "publish", run_copy, "--repo-id", "someone/tiny", "--dry-run", "--out", out)
     assert status == 0 and (out / "README.md").is_file()
