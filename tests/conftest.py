@@ -52,17 +52,33 @@ def corpus_sentences(count: int = 400, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 14))) for _ in range(count)]
 
 
+def written_wordpiece(lines: list[str], special: list[str], *, split: set[str] = frozenset()):
+    """A BERT-style WordPiece tokenizer (``tokenizers.Tokenizer``: lowercasing ``BertNormalizer``,
+    ``BertPreTokenizer``) over ``lines``: the special tokens, every letter alone and as a ``##`` continuation,
+    then every word whole, except the words in ``split`` (lowercase), which are cut into letters.
+
+    Written out rather than trained: ``WordPieceTrainer`` breaks ties between equally frequent merges in hash
+    order, which changes from process to process, and with it the vocabulary, the model built on it and what a
+    barely trained model of it predicts (a flaky test of one worker that the next run could not reproduce).
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    words = {word for line in lines for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line))}
+    letters = sorted({letter for word in words for letter in word})
+    pieces = [*special, *letters, *(f"##{letter}" for letter in letters), *sorted(words - set(split) - set(letters))]
+    tokenizer = Tokenizer(models.WordPiece({piece: index for index, piece in enumerate(pieces)}, unk_token="[UNK]"))
+    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
+    return tokenizer
+
+
 def build_tiny_bert(directory: Path, *, vocab_words: list[str] | None = None) -> Path:
-    """A 2-layer BERT (hidden 32) with a WordPiece tokenizer trained on a generated corpus."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    """A 2-layer BERT (hidden 32) with a WordPiece tokenizer holding every word of a generated corpus whole."""
+    from tokenizers import processors
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=special, min_frequency=1)
-    tokenizer.train_from_iterator(corpus_sentences() + (vocab_words or []), trainer=trainer)
+    tokenizer = written_wordpiece(corpus_sentences() + (vocab_words or []), special)
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]

@@ -19,16 +19,20 @@ optuna = pytest.importorskip("optuna")
 # 24 updates with an evaluation every 8: a trial takes about a second, and the pruner sees it twice
 # before the end. Precision pinned: auto is bf16 on some CPUs and fp32 on others.
 TRAIN = dict(max_steps=24, eval_steps=8, mixed_precision="no")
-# One learning rate learns the cue words within 8 updates, the other cannot learn at all: the median
-# pruner (one finished trial before it starts pruning in a 4-trial sweep) stops the second kind.
+# The pruning sweep needs trials that differ: at 3e-3 the tiny model predicts the cue words from about
+# update 32 to 48 (before that, the majority label, as untrained), at 1e-7 never. Evaluated every 16 of 64
+# updates, the median pruner (one finished trial before it starts pruning in a 4-trial sweep) sees the
+# difference by update 48 and stops the second kind; a 3e-3 trial a little below the finished one there may
+# be stopped too, which is the median rule working.
+PRUNING_TRAIN = dict(TRAIN, max_steps=64, eval_steps=16)
 SPACE = """train.learning_rate: {choice: [3.0e-3, 1.0e-7]}
 train.warmup_fraction: {uniform: [0.0, 0.2]}
 """
 FINISHED = ("COMPLETE", "PRUNED")
 
 
-def sweep_config(tmp_path: Path, tiny_bert, sentiment_files, name: str) -> tuple[Path, Path]:
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name=name, **TRAIN)
+def sweep_config(tmp_path: Path, tiny_bert, sentiment_files, name: str, train: dict = TRAIN) -> tuple[Path, Path]:
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name=name, **train)
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     return config, space
@@ -48,7 +52,7 @@ def trial_records(output_dir: Path) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, tiny_bert, sentiment_files):
     tmp_path = tmp_path_factory.mktemp("sweep")
-    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "sweep")
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "sweep", PRUNING_TRAIN)
     result = run_cli("sweep", str(config), "--trials", "4", "--space", str(space), "--pruner", "median")
     return tmp_path / "sweep", result
 
@@ -67,12 +71,14 @@ def test_cli_sweep_prunes_a_hopeless_trial_and_reports(sweep):
         assert saved["train"]["warmup_fraction"] == record["params"]["train.warmup_fraction"]
         assert (run_dir / "metrics.json").is_file() and (run_dir / "model.safetensors").is_file()
         if record["state"] == "PRUNED":
-            assert record["params"]["train.learning_rate"] == 1e-7
-            assert record["pruned_at_step"] < 24 and json.loads((run_dir / "metrics.json").read_text())["global_step"] < 24
+            assert record["pruned_at_step"] < 64 and json.loads((run_dir / "metrics.json").read_text())["global_step"] < 64
+    assert any(record["state"] == "PRUNED" for record in records.values() if record["params"]["train.learning_rate"] == 1e-7)
+    # The premise: the kept learning rate learnt the cue words, not only the majority label.
+    assert max(record["eval_accuracy"] for record in records.values() if record["state"] == "COMPLETE") > 0.9
     trials = study_trials(output_dir)
     assert {trial.state.name for trial in trials} <= set(FINISHED)
-    # Reported at the evaluations of steps 8 and 16 (not the final one), keyed by examples seen (batch 8).
-    assert all(set(trial.intermediate_values) == {64, 128} for trial in trials if trial.state.name == "COMPLETE")
+    # Reported at the evaluations of steps 16, 32 and 48 (not the final one), keyed by examples seen (batch 8).
+    assert all(set(trial.intermediate_values) == {128, 256, 384} for trial in trials if trial.state.name == "COMPLETE")
 
     report = (output_dir / "sweep.md").read_text()
     assert "4 finished of 4 asked" in report and "| rank | trial |" in result.stdout

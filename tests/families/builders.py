@@ -86,18 +86,12 @@ def family_corpus(count: int = 600, seed: int = 0) -> list[str]:
 
 # ----- tokenizer backends -------------------------------------------------------------------------
 def _wordpiece_backend(special: list[str], *, template: bool = True):
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from tokenizers import processors
 
-    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
-    # Written out rather than trained: WordPieceTrainer breaks ties between equally frequent merges in hash
-    # order, which changes from process to process, and so did the vocabulary, the model built on it and
-    # whatever a barely trained model of it predicts. Every common word whole, every name in pieces (letters).
-    words = {word for line in family_corpus() for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line))}
-    names = {name.lower() for name in PERSONS + PLACES}
-    letters = sorted({letter for word in words for letter in word})
-    pieces = [*special, *letters, *(f"##{letter}" for letter in letters), *sorted(words - names - set(letters))]
-    tokenizer = Tokenizer(models.WordPiece({piece: index for index, piece in enumerate(pieces)}, unk_token="[UNK]"))
-    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
+    from tests.conftest import written_wordpiece
+
+    # Every common word whole, every name in pieces (letters); written out, not trained (see written_wordpiece).
+    tokenizer = written_wordpiece(family_corpus(), special, split={name.lower() for name in PERSONS + PLACES})
     if not template:
         return tokenizer
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
