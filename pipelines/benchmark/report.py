@@ -24,6 +24,12 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
 
 
+def check_metric(metric: str, record: dict[str, Any]) -> None:
+    """Refuse a metric that a run's record does not hold (a misspelt --metric)."""
+    if metric not in record["metrics"]:
+        raise BenchmarkError(f"metric {metric!r} is not among the task's metrics {sorted(record['metrics'])}; pass --metric")
+
+
 def summarize(runs: Sequence[dict[str, Any]], *, metric: str, non_embedding_params: int, peak: MatmulPeak) -> dict[str, Any]:
     """Per-setting statistics over seeds, and bertpipe / Trainer ratios."""
     by_setting: dict[str, list[dict[str, Any]]] = {}
@@ -32,8 +38,7 @@ def summarize(runs: Sequence[dict[str, Any]], *, metric: str, non_embedding_para
     rows = {}
     for setting, records in by_setting.items():
         for record in records:
-            if metric not in record["metrics"]:
-                raise BenchmarkError(f"metric {metric!r} is not among the task's metrics {sorted(record['metrics'])}; pass --metric")
+            check_metric(metric, record)
         flops = [
             FLOPS_PER_TOKEN_PER_PARAMETER * non_embedding_params * r["train_tokens"] / r["train_runtime"] / peak.for_precision(r["precision"])
             for r in records

@@ -28,7 +28,7 @@ from pipelines.benchmark.job import (
     setting_sampler,
 )
 from pipelines.benchmark.measure import measure_matmul_peak, non_embedding_parameters, peak_rss_mb
-from pipelines.benchmark.report import RESULTS_JSON, RESULTS_MARKDOWN, format_table, summarize
+from pipelines.benchmark.report import RESULTS_JSON, RESULTS_MARKDOWN, check_metric, format_table, summarize
 from pipelines.benchmark.trainer import _run_trainer
 from pipelines.config import RunConfig
 from pipelines.data import prepare_data
@@ -144,7 +144,11 @@ def run_benchmark(
             log(f"run {len(runs) + 1}/{seeds * len(settings)}: {setting}, seed {seed}")
             spec = RunSpec(setting=setting, seed=seed, tree=tree, output_dir=str(out / "runs" / f"{setting}-seed{seed}"))
             runs.append(run_in_child(spec, get_task))
-    metric = metric or default_metric(config, list(runs[0]["metrics"]))
+            if len(runs) == 1:
+                # The task's metric names are known once a run has evaluated: a misspelt --metric was
+                # reported only after every run had finished (hours on real data), now after the first.
+                metric = metric or default_metric(config, list(runs[0]["metrics"]))
+                check_metric(metric, runs[0])
     summary = summarize(runs, metric=metric, non_embedding_params=facts["non_embedding_params"], peak=peak)
     header = {
         "config": config_label, "seeds": seeds, "seed_values": seed_values, **facts,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pipelines.benchmark.job import BenchmarkError, TaskLookup, benchmark_config_tree, check_comparable, run_config, setting_precision
+from pipelines.benchmark.report import check_metric
 from pipelines.benchmark.runner import RunSpec, default_metric, run_in_child
 from pipelines.config import RunConfig
 
@@ -179,6 +180,7 @@ def run_to_accuracy(
         log(f"seed {seed}: {REFERENCE}")
         references.append(run_in_child(reference, get_task))
         metric = metric or default_metric(config, list(references[0]["metrics"]))
+        check_metric(metric, references[0])  # a misspelt --metric: said now, not after bertpipe's run has trained up to its first evaluation
         log(f"seed {seed}: bertpipe")
         ours = RunSpec(setting="bertpipe", seed=seed, tree=bertpipe_tree, output_dir=str(out / "runs" / f"bertpipe-seed{seed}"))
         curves.append(run_in_child(ours, get_task, run_bertpipe_curve, metric))

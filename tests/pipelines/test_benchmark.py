@@ -225,3 +225,30 @@ def test_benchmark_refuses_a_config_whose_bertpipe_job_is_not_the_trainers(tmp_p
         with pytest.raises(BenchmarkError, match=naming):
             command(config, lambda name: pytest.fail("no run may start"), config_label="c", output_dir=str(out), log=lambda line: None)
         assert not out.exists()
+
+
+def test_benchmark_misspelt_metric_stops_after_the_first_run(tmp_path, monkeypatch):
+    # Reported after every setting and seed had run: hours of a real benchmark for one typo.
+    from pipelines.benchmark import runner
+
+    started = []
+    facts = {"train_examples": 1, "eval_examples": 1, "train_features": 1, "non_embedding_params": 1}
+    monkeypatch.setattr(runner, "_prepare", lambda config, get_task: facts)
+    monkeypatch.setattr(runner, "measure_matmul_peak", lambda: MatmulPeak(fp32=1.0, bf16=1.0))
+    monkeypatch.setattr(runner, "run_in_child", lambda spec, get_task: started.append(spec) or run(spec.setting, spec.seed, 1, 1, 1.0, 0.5))
+    with pytest.raises(BenchmarkError, match="'acuracy' is not among the task's metrics"):
+        runner.run_benchmark(make_config(tmp_path), None, config_label="c", seeds=3, output_dir=str(tmp_path / "out"),
+                             metric="acuracy", log=lambda line: None)
+    assert len(started) == 1
+    finished = runner.run_benchmark(make_config(tmp_path), None, config_label="c", seeds=2, output_dir=str(tmp_path / "out"),
+                                    metric="accuracy", log=lambda line: None)
+    assert len(finished["runs"]) == 2 * len(runner.SETTINGS)
+
+    from pipelines.benchmark import to_accuracy
+
+    started.clear()
+    monkeypatch.setattr(to_accuracy, "run_in_child", lambda spec, get_task, *entry: started.append(spec) or run(spec.setting, spec.seed, 1, 1, 1.0, 0.5))
+    with pytest.raises(BenchmarkError, match="'acuracy' is not among the task's metrics"):
+        to_accuracy.run_to_accuracy(make_config(tmp_path), None, config_label="c", seeds=3, output_dir=str(tmp_path / "acc"),
+                                    metric="acuracy", log=lambda line: None)
+    assert [spec.setting for spec in started] == [to_accuracy.REFERENCE]
