@@ -16,6 +16,9 @@ Out: an export directory that ``bertpipe predict`` and ``bertpipe evaluate`` acc
        batching, and the share of features whose predicted labels are identical in every batching.
        The max |Δ| is measured on these inputs; it is not a bound for other inputs.
 
+A model that picks its attention by input length in Python (BigBird: block-sparse above a threshold,
+full below) is exported only when the run's ``data.max_seq_length`` keeps every input on one side.
+
 Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export + onnxscript). The legacy TorchScript
 tracer also runs on transformers 5 but warns that it freezes Python booleans computed from tensors
 inside the attention-mask code, and it is deprecated since torch 2.9; the dynamo graph also has
@@ -36,6 +39,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib
+import json
 import logging
 import shutil
 import tempfile
@@ -319,6 +323,7 @@ def export_run(
         raise ExportError(f"--parity-samples {parity_samples}: the parity check needs at least 1 eval example")
     _check_out_dir(run_dir, out_dir, overwrite=overwrite)
     source = model_folder(run_dir)
+    _check_one_graph_serves_every_length(source, config)
     ort = import_onnxruntime()
     _import_exporter_packages()
     _check_opset_known(opset)
@@ -401,6 +406,26 @@ def export_run(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return summary
+
+
+def _check_one_graph_serves_every_length(source: Path, config: RunConfig) -> None:
+    """Refuse a model whose attention depends on the input's length in Python: BigBird runs block-sparse
+    attention on inputs longer than (5 + 2 * num_random_blocks) * block_size tokens and full attention on
+    shorter ones, choosing per call. A traced graph holds the branch of its sample and gave every other input
+    the other attention without an error (scores ~1e-4 off on a tiny model, while the parity check, on the
+    eval split's examples, all of one kind, claimed 1e-7). Inputs never longer than the threshold (the run's
+    ``data.max_seq_length``) all take full attention, which the graph then holds exactly."""
+    model_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    if model_config.get("attention_type") != "block_sparse":
+        return
+    full_attention_up_to = (5 + 2 * model_config["num_random_blocks"]) * model_config["block_size"]
+    if config.data.max_seq_length > full_attention_up_to:
+        raise ExportError(
+            f"{source} is a {model_config.get('model_type', 'BigBird')} model with block-sparse attention, which it runs only on "
+            f"inputs longer than {full_attention_up_to} tokens (full attention below): one ONNX graph cannot hold both, and "
+            f"this run takes inputs up to data.max_seq_length={config.data.max_seq_length}. Export a run trained with "
+            f"data.max_seq_length <= {full_attention_up_to}, or serve this one with bertpipe predict"
+        )
 
 
 def _check_out_dir(run_dir: Path, out_dir: Path, *, overwrite: bool) -> None:
