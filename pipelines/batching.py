@@ -197,14 +197,16 @@ def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Cal
     Runs in eval mode without gradients, on the model's device. A model that rewrites itself in a forward pass
     (BigBird, on an input too short for blocks) is put back after each probe and from then on after every call
     (:func:`undo_rewrites_after_each_call`): otherwise the first short probe decided how every later input ran.
+    The shortest feature is also run cut to three pieces, so that a split of only long inputs finds it too
+    (else a run's short training batches switched the model before its final evaluation).
     """
     lengths = feature_lengths(features)
     by_length = {int(length): index for index, length in enumerate(lengths)}
-    if len(by_length) < 2:
+    if not by_length:
         return 0.0
     chosen = [by_length[length] for length in sorted(by_length)]
     # The shortest and longest, and lengths between: the shortest gets the most padding.
-    picked = sorted({chosen[round(i * (len(chosen) - 1) / (probes - 1))] for i in range(probes)})
+    picked = sorted({chosen[round(i * (len(chosen) - 1) / (probes - 1))] for i in range(probes)}) if len(chosen) > 1 else []
     rows = [features[index] for index in picked]
     device = next(model.parameters(), torch.empty(0)).device
     was_training = model.training
@@ -221,6 +223,16 @@ def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Cal
                 finally:
                     rewrites = _restore_module_state(state) or rewrites
 
+            # A model that rewrites itself on short inputs (BigBird below its block threshold) shows it only on
+            # one: whatever the split's lengths, its shortest feature is also run cut to three pieces. A model may
+            # refuse the cut input (Longformer's QA head counts the separators around the question); it then
+            # tells nothing, and its state is put back all the same.
+            try:
+                outputs([_three_pieces(features[chosen[0]])])
+            except Exception:  # noqa: BLE001 - only a probe for rewrites; the real inputs follow
+                pass
+            if not rows:
+                return 0.0
             together = outputs(rows)
             change = 0.0
             for position, row in enumerate(rows):
@@ -234,6 +246,17 @@ def padding_change(predict_step: Callable, model: torch.nn.Module, collator: Cal
         if rewrites:
             undo_rewrites_after_each_call(model)
     return change
+
+
+def _three_pieces(feature: dict) -> dict:
+    """``feature`` with every per-piece column (the input ids, their mask, per-piece labels or offsets) cut to
+    its first, middle and last piece: the special tokens that frame it and one between. Three, not two:
+    transformers' Funnel fails on inputs of one or two pieces."""
+    length = len(feature["input_ids"])
+    if length <= 3:
+        return feature
+    return {key: [value[0], value[length // 2], value[-1]] if isinstance(value, list) and len(value) == length else value
+            for key, value in feature.items()}
 
 
 def exact_eval_batch_size(predict_step: Callable, model: torch.nn.Module, collator: Callable, features: Dataset, batch_size: int,

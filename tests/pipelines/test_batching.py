@@ -157,3 +157,13 @@ def test_batching_a_model_that_rewrites_itself_is_probed_and_run_as_loaded(tmp_p
     with torch.no_grad():
         one_per_batch(**short)
         assert torch.allclose(one_per_batch(**long).logits, expected, atol=1e-6)
+
+    # An eval split of only long inputs (none below the threshold, all of one length too) is probed on a short
+    # input as well: else a run's short training batches switched the model before its final evaluation.
+    only_long = Dataset.from_list([features[1], features[1]])
+    assert min(map(len, only_long["input_ids"])) > 22
+    probed = copy.deepcopy(loaded)
+    padding_change(_logits, probed, collator, only_long)
+    with torch.no_grad():
+        probed(**short)
+        assert torch.allclose(probed(**long).logits, expected, atol=1e-6)
