@@ -55,10 +55,10 @@ def publishable_files(folder: Path, allow: list[str]) -> list[str]:
     return list(filter_repo_objects(names, allow_patterns=allow, ignore_patterns=IGNORE_PATTERNS))
 
 
-def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str | Path, *, repo_id: str, merged: bool = False) -> list[str]:
-    """Copy what would be uploaded into the empty folder ``out_dir`` (plus a card for ``repo_id``); returns
-    the file names. The run is checked first: nothing is copied from a run that cannot be published."""
-    sources = _publishable_sources(Path(run_dir), merged)
+def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str | Path, sources: list[tuple[Path, list[str]]],
+              *, repo_id: str, merged: bool = False) -> list[str]:
+    """Copy what would be uploaded from ``sources`` (checked by :func:`_publishable_sources`) into the empty
+    folder ``out_dir``, plus a card for ``repo_id``; returns the file names."""
     out_dir = Path(out_dir)
     staged: list[str] = []
     for folder, allow in sources:
@@ -93,13 +93,13 @@ def _publishable_sources(run_dir: Path, merged: bool) -> list[tuple[Path, list[s
 def _stage_dry_run(run_dir: Path, config: RunConfig, task: Task, out: Path, *, repo_id: str, merged: bool) -> list[str]:
     """Stage into ``--out`` (new or empty) beside it and rename it in: a full disk or Ctrl-C mid-copy left a
     half-filled ``--out``, which the rerun then refused as not empty."""
-    _publishable_sources(run_dir, merged)  # a run that cannot be published is named before --out is looked at
+    sources = _publishable_sources(run_dir, merged)  # a run that cannot be published is named before --out is looked at
     if out.exists() and not out.is_dir():
         raise PublishError(f"--out {out} is a file, not a folder; choose a new folder")
     if out.exists() and any(out.iterdir()):
         raise PublishError(f"--out {out} is not empty; choose a new folder so nothing stale is uploaded")
     with replacing_folder(out, label="--out") as staging:
-        return stage_run(run_dir, config, task, staging, repo_id=repo_id, merged=merged)
+        return stage_run(run_dir, config, task, staging, sources, repo_id=repo_id, merged=merged)
 
 
 def _check_weights(path: Path) -> None:
@@ -159,7 +159,7 @@ def publish_run(
     api = HfApi()
     message = commit_message or f"Upload {Path(run_dir).resolve().name} trained with bertpipe"
     with tempfile.TemporaryDirectory(prefix="bertpipe-publish-") as staging:
-        files = stage_run(run_dir, config, task, staging, repo_id=repo_id, merged=merged)
+        files = stage_run(run_dir, config, task, staging, _publishable_sources(Path(run_dir), merged), repo_id=repo_id, merged=merged)
         try:
             url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
             if revision:
