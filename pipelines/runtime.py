@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import platform
@@ -163,6 +164,26 @@ def build_accelerator(config: RunConfig, *, with_trackers: bool = True, mixed_pr
             f"(here: {accelerator.distributed_type.value} on {accelerator.device}); use configs/accelerate/cpu.yaml on a CPU"
         )
     return accelerator
+
+
+def end_run(accelerator: Accelerator) -> None:
+    """Finish the run's trackers and end its process group, once the caller holds no prepared model.
+
+    The order is the point. DDP's C++ ``Reducer`` holds the process group too, and Python frees it
+    holding the GIL. Ended first (``end_training``) and then dropped with the model, the Reducer held the
+    group's last reference, so the group's destructor joined gloo's worker threads with the GIL held while
+    one of them, freeing the tensors of the run's last collective, waited for the GIL: a two-process run
+    hung after writing everything, about one run in thirty. Freed here first, the group's last reference
+    is a Python ``ProcessGroup``, which torch destroys with the GIL released.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        accelerator.end_training()
+        return
+    accelerator.free_memory()  # its references to the prepared model, optimizer, scheduler and loaders
+    gc.collect()  # a wrapped model left in a reference cycle would be freed later, by whichever line ran then
+    group = torch.distributed.group.WORLD
+    accelerator.end_training()
+    del group  # the group's last reference: destroyed here, with the GIL released
 
 
 def check_compile_backend(name: str) -> None:

@@ -47,7 +47,7 @@ from pipelines.modeling import check_sequence_lengths, count_parameters
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
-from pipelines.runtime import build_accelerator, check_compile_backend, wrap_model_layers_for_fsdp
+from pipelines.runtime import build_accelerator, check_compile_backend, end_run, wrap_model_layers_for_fsdp
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
@@ -277,6 +277,13 @@ def train(
     summary = _summary(final_metrics, state, accelerator, epoch=round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
                        trainable_params=trainable_params, total_params=total_params)
     _finish_run(accelerator, config, task, model, data, predictions, summary, state.log_history, step_log)
+    del model, optimizer, scheduler  # before the process group ends: see end_run
+    end_run(accelerator)
+    if config.hub.push and accelerator.is_main_process:
+        from pipelines.publish import publish_run
+
+        publish_run(run_dir, config, task, repo_id=config.hub.repo_id, private=config.hub.private,
+                    revision=config.hub.revision)
     return summary
 
 
@@ -418,7 +425,7 @@ def _finish_run(
     log_history: list[dict], step_log: outputs.StepLog | None,
 ) -> None:
     """Save the model (or adapter; ``merged/`` when asked), tokenizer, the task's artifacts, the curves,
-    the card and ``metrics.json`` (last: it marks a finished run); then publish when ``hub.push``."""
+    the card and ``metrics.json`` (last: it marks a finished run)."""
     run_dir = Path(config.output_dir)
     accelerator.wait_for_everyone()
     unwrapped = student_of(accelerator.unwrap_model(model))
@@ -443,12 +450,6 @@ def _finish_run(
             outputs.drop_replaced_run(run_dir)
             step_log.close()
     accelerator.wait_for_everyone()
-    accelerator.end_training()
-    if config.hub.push and accelerator.is_main_process:
-        from pipelines.publish import publish_run
-
-        publish_run(run_dir, config, task, repo_id=config.hub.repo_id, private=config.hub.private,
-                    revision=config.hub.revision)
 
 
 def _save_model(accelerator, model, folder: Path) -> None:

@@ -84,6 +84,46 @@ from tasks.cli import main
 sys.exit(main(["train", *sys.argv[1:]]))
 """
 
+# scripts/train.py, leaving the run's last collective in flight as rank 0 ends the run (rank 1 joins it 4 s late),
+# with a thread on rank 0 ticking every 5 ms: a tick that waits for seconds means the GIL was held meanwhile.
+# Recorded: the world size, the longest wait between ticks, and the gloo worker threads left after the run.
+LATE_LAST_COLLECTIVE_TRAIN_SCRIPT = f"""
+import json, os, sys, threading, time
+sys.path.insert(0, {str(REPO_ROOT)!r})
+import torch, torch.distributed as dist
+from accelerate import Accelerator
+end_training, ticks, world = Accelerator.end_training, [], []
+def tick():
+    while True:
+        ticks.append(time.perf_counter())
+        time.sleep(0.005)
+def end_training_with_a_collective_in_flight(self):
+    world.append(dist.get_world_size())
+    gathered = [torch.empty(4) for _ in range(2)]
+    if dist.get_rank() == 1:
+        time.sleep(4)
+        dist.all_gather(gathered, torch.ones(4))
+    else:
+        dist.all_gather(gathered, torch.ones(4), async_op=True)
+        threading.Thread(target=tick, daemon=True).start()
+    end_training(self)
+Accelerator.end_training = end_training_with_a_collective_in_flight
+from tasks.cli import main
+code = main(["train", *sys.argv[1:]])
+ended = time.perf_counter()
+def gloo_threads():
+    names = []
+    for thread in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{{thread}}/comm") as handle:
+            names.append(handle.read().strip())
+    return names.count("pt_gloo_runloop")
+waits = [later - earlier for earlier, later in zip(ticks, ticks[1:] + [ended])]
+with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{os.environ['RANK']}}.json"), "w") as handle:
+    json.dump({{"world_size": world[0], "longest_wait": max(waits, default=None), "gloo_threads": gloo_threads()}}, handle)
+sys.exit(code)
+"""
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -277,6 +317,24 @@ def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentime
     assert "unknown key 'trian' in the command line" in stderr
     # accelerate's launcher ends with its own report and status; it names the process's exit status 2.
     assert process.returncode != 0 and "exitcode  : 2" in stderr, stderr[-4000:]
+
+
+def test_cli_two_process_run_ends_its_process_group_without_holding_the_gil(tmp_path, tiny_bert, sentiment_files):
+    """A two-process run hung after writing everything, about once in thirty: DDP's Reducer held the process
+    group's last reference, and freeing it joined gloo's workers with the GIL held while a worker, freeing
+    the last collective's tensors, waited for the GIL. The run now ends its group itself, GIL released:
+    with a collective still in flight at the end, rank 0 keeps running Python while it waits for it."""
+    script = tmp_path / "train_with_a_late_collective.py"
+    script.write_text(LATE_LAST_COLLECTIVE_TRAIN_SCRIPT)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, num_epochs=1, mixed_precision="no", torch_num_threads=1)
+    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()))
+    stderr = ended(process, timeout=180)  # the deadlock it was never ends
+    assert process.returncode == 0, stderr[-4000:]
+    ranks = ranks_of(tmp_path / "ranks")
+    assert [rank["world_size"] for rank in ranks] == [2, 2]
+    assert [rank["gloo_threads"] for rank in ranks] == [0, 0]  # the group ended inside the run, not at exit
+    # Held for the 4 s the in-flight collective took, the GIL would stop the ticks that long (or for ever).
+    assert ranks[0]["longest_wait"] < 2.0, ranks[0]
 
 
 def task_config(task: str, folder: Path) -> tuple[Path, Path | None]:
