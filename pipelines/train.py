@@ -21,6 +21,7 @@ import math
 import shutil
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -94,8 +95,31 @@ def train(
     # tensors. Only then is an old run set aside (overwrite=true: deleted once this run has finished) and
     # the new config written.
     replace_old_run, resume_folder = _check_run_settings(config, task)
-    run_dir = Path(config.output_dir)
     accelerator = build_accelerator(config)
+    try:
+        summary = _run(accelerator, config, task, replace_old_run=replace_old_run, resume_folder=resume_folder,
+                       on_start=on_start, on_evaluate=on_evaluate)
+    except RunStopped as stopped:
+        # A stop every process agreed on (at the same step): each ends the run as a finished one does,
+        # once the traceback's frames no longer hold the prepared model.
+        traceback.clear_frames(stopped.__traceback__)
+        end_run(accelerator)
+        raise
+    end_run(accelerator)  # _run has returned: nothing holds the prepared model now
+    if config.hub.push and accelerator.is_main_process:
+        from pipelines.publish import publish_run
+
+        publish_run(Path(config.output_dir), config, task, repo_id=config.hub.repo_id, private=config.hub.private,
+                    revision=config.hub.revision)
+    return summary
+
+
+def _run(
+    accelerator, config: RunConfig, task: Task, *, replace_old_run: bool, resume_folder: Path | None,
+    on_start: Callable[[Path], None] | None, on_evaluate: Callable[[int, dict[str, float]], bool] | None,
+) -> dict[str, float]:
+    """The run itself, from data to saved model: :func:`train` without the checks before it and the end after it."""
+    run_dir = Path(config.output_dir)
     set_seed(config.seed)
     # The contents of the files the run reads, digested as it reads them: at the first checkpoint, a file
     # edited meanwhile was recorded as the one trained on, and a multi-GB one was read inside a SIGTERM's grace.
@@ -277,13 +301,6 @@ def train(
     summary = _summary(final_metrics, state, accelerator, epoch=round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
                        trainable_params=trainable_params, total_params=total_params)
     _finish_run(accelerator, config, task, model, data, predictions, summary, state.log_history, step_log)
-    del model, optimizer, scheduler  # before the process group ends: see end_run
-    end_run(accelerator)
-    if config.hub.push and accelerator.is_main_process:
-        from pipelines.publish import publish_run
-
-        publish_run(run_dir, config, task, repo_id=config.hub.repo_id, private=config.hub.private,
-                    revision=config.hub.revision)
     return summary
 
 

@@ -87,10 +87,20 @@ sys.exit(main(["train", *sys.argv[1:]]))
 # scripts/train.py, leaving the run's last collective in flight as rank 0 ends the run (rank 1 joins it 4 s late),
 # with a thread on rank 0 ticking every 5 ms: a tick that waits for seconds means the GIL was held meanwhile.
 # Recorded: the world size, the longest wait between ticks, and the gloo worker threads left after the run.
+# With STOP_AT_STEP, rank 1 alone gets a SIGTERM as that optimizer step ends (the run stops at that step).
 LATE_LAST_COLLECTIVE_TRAIN_SCRIPT = f"""
-import json, os, sys, threading, time
+import json, os, signal, sys, threading, time
 sys.path.insert(0, {str(REPO_ROOT)!r})
 import torch, torch.distributed as dist
+if os.environ.get("STOP_AT_STEP"):
+    from pipelines.preemption import StopSignals
+    agreed, calls = StopSignals.agreed, []
+    def agreed_after_a_signal_to_rank_1(self):
+        calls.append(None)
+        if os.environ["RANK"] == "1" and len(calls) == int(os.environ["STOP_AT_STEP"]):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return agreed(self)
+    StopSignals.agreed = agreed_after_a_signal_to_rank_1
 from accelerate import Accelerator
 end_training, ticks, world = Accelerator.end_training, [], []
 def tick():
@@ -119,7 +129,7 @@ def gloo_threads():
     return names.count("pt_gloo_runloop")
 waits = [later - earlier for earlier, later in zip(ticks, ticks[1:] + [ended])]
 with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{os.environ['RANK']}}.json"), "w") as handle:
-    json.dump({{"world_size": world[0], "longest_wait": max(waits, default=None), "gloo_threads": gloo_threads()}}, handle)
+    json.dump({{"world_size": world[0] if world else None, "longest_wait": max(waits, default=None), "gloo_threads": gloo_threads()}}, handle)
 sys.exit(code)
 """
 
@@ -319,20 +329,28 @@ def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentime
     assert process.returncode != 0 and "exitcode  : 2" in stderr, stderr[-4000:]
 
 
-def test_cli_two_process_run_ends_its_process_group_without_holding_the_gil(tmp_path, tiny_bert, sentiment_files):
+@pytest.mark.parametrize("stop_at_step", [None, 3], ids=["finished", "stopped by a signal"])
+def test_cli_two_process_run_ends_its_process_group_without_holding_the_gil(tmp_path, tiny_bert, sentiment_files, stop_at_step):
     """A two-process run hung after writing everything, about once in thirty: DDP's Reducer held the process
     group's last reference, and freeing it joined gloo's workers with the GIL held while a worker, freeing
     the last collective's tensors, waited for the GIL. The run now ends its group itself, GIL released:
-    with a collective still in flight at the end, rank 0 keeps running Python while it waits for it."""
+    with a collective still in flight at the end, rank 0 keeps running Python while it waits for it. A run
+    that stops on a signal ends the same way (its group was left to the interpreter's exit before)."""
     script = tmp_path / "train_with_a_late_collective.py"
     script.write_text(LATE_LAST_COLLECTIVE_TRAIN_SCRIPT)
     config = classification_config(tmp_path, tiny_bert, sentiment_files, num_epochs=1, mixed_precision="no", torch_num_threads=1)
-    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()))
+    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+                     **({"STOP_AT_STEP": str(stop_at_step)} if stop_at_step else {}))
     stderr = ended(process, timeout=180)  # the deadlock it was never ends
-    assert process.returncode == 0, stderr[-4000:]
-    ranks = ranks_of(tmp_path / "ranks")
-    assert [rank["world_size"] for rank in ranks] == [2, 2]
-    assert [rank["gloo_threads"] for rank in ranks] == [0, 0]  # the group ended inside the run, not at exit
+    if stop_at_step is None:
+        assert process.returncode == 0, stderr[-4000:]
+    else:
+        assert f"bertpipe train: stopped by SIGTERM at step {stop_at_step} of " in stderr, stderr[-4000:]
+        assert not (tmp_path / "run" / "metrics.json").exists()
+    # Stopped, rank 1 reports after a delay, and the launcher ends it first once rank 0 has exited non-zero.
+    ranks = ranks_of(tmp_path / "ranks")[: 2 if stop_at_step is None else 1]
+    assert [rank["world_size"] for rank in ranks] == [2] * len(ranks)
+    assert [rank["gloo_threads"] for rank in ranks] == [0] * len(ranks)  # the group ended inside the run, not at exit
     # Held for the 4 s the in-flight collective took, the GIL would stop the ticks that long (or for ever).
     assert ranks[0]["longest_wait"] < 2.0, ranks[0]
 
