@@ -17,6 +17,7 @@ after every call (:func:`undo_rewrites_after_each_call`).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -160,6 +161,23 @@ def _restore_module_state(state: list[tuple[torch.nn.Module, dict, dict]]) -> bo
     return changed
 
 
+class _EachWarningOnce(logging.Filter):
+    """Lets the first of each warning through, and no repeat of it with other numbers in it (lengths, sizes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = re.sub(r"\d+", "#", record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
 def undo_rewrites_after_each_call(model: torch.nn.Module) -> None:
     """Make every forward pass of ``model`` start from the model as it was before the first one.
 
@@ -171,6 +189,11 @@ def undo_rewrites_after_each_call(model: torch.nn.Module) -> None:
     """
     if getattr(model, "_bertpipe_undoes_rewrites", False):
         return
+    # Put back after each call, a model that announces its rewrite in its log (BigBird: "Changing attention type
+    # to 'original_full'") announced it again on every short input: a warning per batch instead of one.
+    for name in {type(module).__module__ for module in model.modules()} - {None}:
+        if not name.startswith("torch.") and not any(isinstance(known, _EachWarningOnce) for known in logging.getLogger(name).filters):
+            logging.getLogger(name).addFilter(_EachWarningOnce())
     saved: list = []
 
     def before(module, args):

@@ -167,3 +167,43 @@ def test_batching_a_model_that_rewrites_itself_is_probed_and_run_as_loaded(tmp_p
     with torch.no_grad():
         probed(**short)
         assert torch.allclose(probed(**long).logits, expected, atol=1e-6)
+
+
+def test_batching_a_rewrite_the_model_announces_is_announced_once_not_on_every_call(tmp_path, monkeypatch):
+    """Put back after every call, BigBird announced its switch to full attention ("Changing attention type to
+    'original_full'", with the input's length in it) on every short input: a warning per eval batch. Once now."""
+    import logging
+
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from pipelines.batching import undo_rewrites_after_each_call
+    from tests.families.builders import build_family, family_corpus
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    big_bird_log = logging.getLogger("transformers.models.big_bird.modeling_big_bird")
+    monkeypatch.setattr(big_bird_log, "filters", [])  # another test's model may have announced it in this process
+    level, records = big_bird_log.level, Records()
+    big_bird_log.setLevel(logging.WARNING)  # setLevel, not the attribute: it clears the logger's cached answers
+    big_bird_log.addHandler(records)
+    try:
+        checkpoint = build_family("big_bird", tmp_path / "big_bird")
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        model = AutoModelForTokenClassification.from_pretrained(checkpoint, num_labels=3, block_size=2).eval()  # threshold 22
+        undo_rewrites_after_each_call(model)
+        words = " ".join(family_corpus(12, seed=2)).split()
+        with torch.no_grad():
+            for count in (3, 5, 3, 8):  # three lengths, all below the threshold
+                model(**tokenizer(" ".join(words[:count]), return_tensors="pt"))
+    finally:
+        big_bird_log.removeHandler(records)
+        big_bird_log.setLevel(level)
+    switches = [message for message in records.messages if "Changing attention type" in message]
+    assert len(switches) == 1, records.messages
