@@ -313,14 +313,24 @@ def plot_training_curves(records: list[dict[str, Any]], path: str | Path) -> Pat
     if eval_axes.get_legend_handles_labels()[0]:
         eval_axes.legend(fontsize="small")
     figure.tight_layout()
-    # Beside and renamed over: a resumed finished run redraws it, and a kill mid-write left a truncated
-    # image that publish uploads.
     path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
     try:
-        figure.savefig(temporary, dpi=100, format=path.suffix.lstrip(".") or "png")
-        os.replace(temporary, path)
+        save_figure(figure, path)
     finally:
         plt.close(figure)
-        temporary.unlink(missing_ok=True)
     return path
+
+
+def save_figure(figure, path: Path, **savefig_options) -> None:
+    """``figure`` as an image file (its format from the suffix), written beside and renamed over: a resumed
+    run or a sweep redraws its plots, and a kill mid-write left a truncated image that publish uploads."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        figure.savefig(temporary, dpi=100, format=path.suffix.lstrip(".") or "png", **savefig_options)
+        os.replace(temporary, path)
+    except OSError as error:
+        if not error.filename:  # a failed write names no file: the message would not say which
+            error.filename = str(path)
+        raise
+    finally:
+        temporary.unlink(missing_ok=True)

@@ -22,6 +22,7 @@ except ImportError:  # the [sweep] extra; run_sweep says how to install it
 
 from pipelines.atomic_writes import write_text_atomically
 from pipelines.config_loading import load_config
+from pipelines.outputs import CONFIG_FILE, save_figure
 from pipelines.sweep.plan import BEST_CONFIG_FILE, BEST_RUN_DIR, REPORT_FILE, SweepPlan
 from pipelines.sweep.space import OptionsLookup
 
@@ -125,8 +126,6 @@ def _study_span(trials) -> float | None:
 
 def write_best_config(best, plan: SweepPlan, path: Path, options_for: OptionsLookup | None = None) -> Path | None:
     """The best trial's resolved config, writing to OUTPUT_DIR/best instead of its own directory."""
-    from pipelines.outputs import CONFIG_FILE
-
     run_dir = Path(best.user_attrs.get("run_dir", ""))
     if (run_dir / CONFIG_FILE).is_file():
         tree = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -168,8 +167,10 @@ def write_plots(study, plan: SweepPlan, keys: list[str], folder: Path) -> tuple[
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib backend experimental
                 axes = draw()
             figure = np.atleast_1d(axes).flat[0].figure
-            figure.savefig(folder / name, dpi=100, bbox_inches="tight")
-            plt.close(figure)
+            try:
+                save_figure(figure, folder / name, bbox_inches="tight")
+            finally:
+                plt.close(figure)
             written.append(name)
         except (ValueError, RuntimeError, ZeroDivisionError) as error:
             # Too few complete trials, or a parameter that never varied: say so rather than fail the sweep.

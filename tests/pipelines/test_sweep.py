@@ -240,3 +240,33 @@ def test_sweep_best_yaml_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     assert path.read_text() == "# the last run's best config\n"
     assert sorted(item.name for item in tmp_path.iterdir()) == ["best.yaml", "trials"]
     assert yaml.safe_load(write_best_config(best, plan, path).read_text())["seed"] == 3
+
+
+def test_sweep_plots_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A sweep redraws its plots each time it reports (resumed, extended): a plot that failed mid-write (a
+    full disk) replaced the last good image with a truncated one. Now it stays as it was, nothing beside it."""
+    import optuna
+    from matplotlib.figure import Figure
+
+    from pipelines.sweep import SweepPlan, write_plots
+
+    plan = SweepPlan(config_path="unused.yaml", overrides=(), params=(), metric="eval_accuracy", direction="maximize",
+                     trials=3, output_dir=str(tmp_path), study_name="demo", storage="memory", pruner="none", seed=0, deadline=None)
+    study = optuna.create_study(direction="maximize")
+    for value in (0.5, 0.7, 0.6):
+        trial = study.ask({"train.learning_rate": optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True)})
+        study.tell(trial, value)
+    history = tmp_path / "optimization_history.png"
+    assert write_plots(study, plan, [], tmp_path)[0] == ["optimization_history.png", "param_importances.png"]
+    drawn = history.read_bytes()
+
+    def disk_full_halfway(figure, path, **options):
+        Path(path).write_bytes(b"\x89PNG truncated")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", disk_full_halfway)
+    with pytest.raises(OSError) as failed:
+        write_plots(study, plan, [], tmp_path)
+    assert failed.value.filename == str(history)
+    assert history.read_bytes() == drawn
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["optimization_history.png", "param_importances.png"]
