@@ -180,7 +180,9 @@ def end_run(accelerator: Accelerator) -> None:
         accelerator.end_training()
         return
     accelerator.free_memory()  # its references to the prepared model, optimizer, scheduler and loaders
-    gc.collect()  # a wrapped model left in a reference cycle would be freed later, by whichever line ran then
+    # free_memory's own collection runs before it drops those lists: a wrapped model left in a reference cycle
+    # would be freed later, by whichever line ran then.
+    gc.collect()
     group = torch.distributed.group.WORLD
     accelerator.end_training()
     del group  # the group's last reference: destroyed here, with the GIL released

@@ -48,19 +48,25 @@ typo = ["trian.max_steps=3"] if os.environ["FAILING_RANK"] in ("all", os.environ
 sys.exit(main(["train", *sys.argv[1:], *typo]))
 """
 
-# scripts/train.py, with a SIGTERM delivered to rank 1 alone as its 4th optimizer step ends (a node-local
-# signal: the other process must still stop at the same step, or the two would wait for each other forever).
+# With STOP_AT_STEP set, a SIGTERM delivered to rank 1 alone as that optimizer step ends (a node-local signal: the
+# other process must still stop at the same step, or the two would wait for each other forever). For the scripts below.
+SIGNAL_TO_RANK_1 = """
+if os.environ.get("STOP_AT_STEP"):
+    from pipelines.preemption import StopSignals
+    agreed, calls = StopSignals.agreed, []
+    def agreed_after_a_signal_to_rank_1(self):
+        calls.append(None)
+        if os.environ["RANK"] == "1" and len(calls) == int(os.environ["STOP_AT_STEP"]):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return agreed(self)
+    StopSignals.agreed = agreed_after_a_signal_to_rank_1
+"""
+
+# scripts/train.py, with SIGNAL_TO_RANK_1.
 SIGNALLED_TRAIN_SCRIPT = f"""
 import os, signal, sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
-from pipelines.preemption import StopSignals
-agreed, calls = StopSignals.agreed, []
-def agreed_after_a_signal_to_rank_1(self):
-    calls.append(None)
-    if os.environ["RANK"] == "1" and len(calls) == 4:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return agreed(self)
-StopSignals.agreed = agreed_after_a_signal_to_rank_1
+{SIGNAL_TO_RANK_1}
 from tasks.cli import main
 sys.exit(main(["train", *sys.argv[1:]]))
 """
@@ -87,20 +93,12 @@ sys.exit(main(["train", *sys.argv[1:]]))
 # scripts/train.py, leaving the run's last collective in flight as rank 0 ends the run (rank 1 joins it 4 s late),
 # with a thread on rank 0 ticking every 5 ms: a tick that waits for seconds means the GIL was held meanwhile.
 # Recorded: the world size, the longest wait between ticks, and the gloo worker threads left after the run.
-# With STOP_AT_STEP, rank 1 alone gets a SIGTERM as that optimizer step ends (the run stops at that step).
+# With STOP_AT_STEP, SIGNAL_TO_RANK_1 stops the run at that step.
 LATE_LAST_COLLECTIVE_TRAIN_SCRIPT = f"""
 import json, os, signal, sys, threading, time
 sys.path.insert(0, {str(REPO_ROOT)!r})
 import torch, torch.distributed as dist
-if os.environ.get("STOP_AT_STEP"):
-    from pipelines.preemption import StopSignals
-    agreed, calls = StopSignals.agreed, []
-    def agreed_after_a_signal_to_rank_1(self):
-        calls.append(None)
-        if os.environ["RANK"] == "1" and len(calls) == int(os.environ["STOP_AT_STEP"]):
-            os.kill(os.getpid(), signal.SIGTERM)
-        return agreed(self)
-    StopSignals.agreed = agreed_after_a_signal_to_rank_1
+{SIGNAL_TO_RANK_1}
 from accelerate import Accelerator
 end_training, ticks, world = Accelerator.end_training, [], []
 def tick():
@@ -272,7 +270,7 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
     config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="stopped", num_epochs=2, eval_steps=6,
                                    mixed_precision="no", torch_num_threads=1)
     process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
-                     "--main_process_port", str(free_port()))
+                     "--main_process_port", str(free_port()), STOP_AT_STEP="4")
     stderr = ended(process)
     assert process.returncode != 0
     checkpoint = tmp_path / "stopped" / "checkpoints" / "step-00000004"
