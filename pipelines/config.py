@@ -267,7 +267,7 @@ class TrainConfig(Section):
     greater_is_better: bool | None = None
     """Direction of ``metric_for_best_model`` (default: from the metric, e.g. lower loss is better)."""
     load_best_model_at_end: bool = False
-    """Reload the best evaluated model before the final evaluation and saving."""
+    """Reload the best evaluated model before the final evaluation and saving (needs ``eval_steps``: the evaluations it picks from)."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml"]] = Field(
         default_factory=list
     )
@@ -314,6 +314,10 @@ class TrainConfig(Section):
             raise ValueError("load_best_model_at_end and early_stopping_patience need train.metric_for_best_model")
         if self.early_stopping_patience and not self.eval_steps:
             raise ValueError("early_stopping_patience needs train.eval_steps (evaluations to be patient over)")
+        if self.load_best_model_at_end and not self.eval_steps:
+            # Without evaluations on the way there is no best model to reload: the run would end with its
+            # last weights while the config said best.
+            raise ValueError("load_best_model_at_end needs train.eval_steps (evaluations to pick the best model from)")
         return self
 
 

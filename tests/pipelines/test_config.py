@@ -94,6 +94,19 @@ def test_config_mixed_precision_no_is_accepted_bare_from_yaml_and_the_command_li
         load_config(write(tmp_path, BASE), ["train.mixed_precision=yes"], options_for)
 
 
+def test_config_best_model_settings_need_the_evaluations_they_choose_from(tmp_path):
+    with pytest.raises(ConfigError, match=r"need train\.metric_for_best_model"):
+        load_config(write(tmp_path, BASE), ["train.load_best_model_at_end=true", "train.eval_steps=5"], options_for)
+    for setting in ("train.load_best_model_at_end=true", "train.early_stopping_patience=2"):
+        with pytest.raises(ConfigError, match=r"'train' in .*run\.yaml and the command line: .*needs train\.eval_steps"):
+            load_config(write(tmp_path, BASE), [setting, "train.metric_for_best_model=eval_accuracy"], options_for)
+    chosen = load_config(write(tmp_path, BASE), ["train.load_best_model_at_end=true", "train.metric_for_best_model=eval_accuracy",
+                                                 "train.eval_steps=5"], options_for)
+    assert chosen.train.load_best_model_at_end and chosen.train.eval_steps == 5
+    # A metric alone is allowed without evaluations on the way: it names the benchmark's metric column.
+    assert load_config(write(tmp_path, BASE), ["train.metric_for_best_model=eval_accuracy"], options_for).train.eval_steps is None
+
+
 def test_config_unknown_task_lists_registered(tmp_path):
     with pytest.raises(ConfigError, match="registered tasks: demo"):
         load_config(write(tmp_path, BASE.replace("task: demo", "task: dmeo")), [], options_for)
