@@ -71,14 +71,17 @@ class ClassificationTask(TaskBase):
         self.options: ClassificationOptions = config.task_options
         self.label_names: list[str] | None = None
         self.problem_type: str | None = None
+        self._problem_type_because = ""
         self._metrics: dict[str, Any] = {}
         self._warned: set[str] = set()
         self._input_where = "--input"
         if config.data.text_pair_column:
             self.card_pipeline_input = self.card_pair_pipeline_input
 
-    def _set_problem_type(self, problem_type: str) -> None:
+    def _set_problem_type(self, problem_type: str, *, because: str) -> None:
+        """``because`` says where the type came from, for the error a label column of the other kind gets."""
         self.problem_type = problem_type
+        self._problem_type_because = because
         if problem_type == "multi_label" and not self.card_pipeline_input.endswith("top_k=None"):
             # pipeline()'s default top_k=1 shows one label of a multi-label model; predict scores each label.
             self.card_pipeline_input += ", top_k=None"
@@ -92,15 +95,32 @@ class ClassificationTask(TaskBase):
     def label_column(self) -> str:
         return self.config.data.label_column or "label"
 
-    def _infer_problem_type(self, split: Dataset) -> str:
+    def _infer_problem_type(self, split: Dataset, split_name: str) -> tuple[str, str]:
+        """The problem type and why it is that one."""
         if self.options.problem_type != "auto":
-            return self.options.problem_type
+            return self.options.problem_type, f"classification.problem_type is {self.options.problem_type}"
         feature = split.features[self.label_column]
-        if isinstance(feature, (Sequence, list)) or (isinstance(feature, dict)):
-            return "multi_label"
+        if _holds_lists(feature):
+            return "multi_label", f"split {split_name!r} holds lists of labels (multi_label)"
         if isinstance(feature, Value) and feature.dtype.startswith("float"):
-            return "regression"
-        return "single_label"
+            return "regression", f"split {split_name!r} holds float labels (regression)"
+        return "single_label", f"split {split_name!r} holds one label per row (single_label)"
+
+    def _check_label_kind(self, split: Dataset, split_name: str) -> None:
+        """A label column of the other kind than the problem type is an error: a multi-label reading of
+        string labels trained on their characters, and a single-label reading of lists on their repr."""
+        if self.problem_type == "regression":
+            return  # each value is read as a number, and a row that is not one is an error naming it
+        holds_lists = _holds_lists(split.features[self.label_column])
+        if holds_lists == (self.problem_type == "multi_label"):
+            return
+        example = split[0][self.label_column] if len(split) else None
+        kind, needed = (("lists of labels", "one label per row") if holds_lists else
+                        ("one label per row", "a list of labels per row"))
+        raise DataError(
+            f"split {split_name!r} ({split_source(self.config.data, split_name)}): label column {self.label_column!r} holds "
+            f"{kind} (e.g. {example!r}), but {self._problem_type_because}, which reads {needed}"
+        )
 
     def _infer_label_names(self, split: Dataset) -> list[str]:
         if self.options.label_names:
@@ -192,7 +212,10 @@ class ClassificationTask(TaskBase):
         # A finished run's head (build_model(model_path=...) runs first) fixes the problem type; inferred
         # from an eval file instead, labels 0/1 written as 0.0/1.0 would score a classifier as a regression.
         if include_train or self.problem_type is None:
-            self._set_problem_type(self._infer_problem_type(reference))
+            problem_type, because = self._infer_problem_type(reference, data.train_split if include_train else data.eval_split)
+            self._set_problem_type(problem_type, because=because)
+        for split_name, split in raw.items():
+            self._check_label_kind(split, split_name)
         if include_train and self.problem_type != "regression":
             self.label_names = self._infer_label_names(reference)
         return raw
@@ -211,7 +234,8 @@ class ClassificationTask(TaskBase):
     def build_model(self, raw, model_path: str | None = None):
         if model_path is not None:
             model = load_model(self.auto_model_class, self.config.model, model_path=model_path)
-            self._set_problem_type({v: k for k, v in _HF_PROBLEM_TYPE.items()}.get(model.config.problem_type, "single_label"))
+            problem_type = {v: k for k, v in _HF_PROBLEM_TYPE.items()}.get(model.config.problem_type, "single_label")
+            self._set_problem_type(problem_type, because=f"the model in {model_path} is {problem_type}")
             self.label_names = None if self.problem_type == "regression" else [model.config.id2label[i] for i in range(model.config.num_labels)]
             return model
         if self.problem_type == "regression":
@@ -389,6 +413,10 @@ def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_colum
     if "__labels" in batch:
         encoded["labels"] = batch["__labels"]
     return encoded
+
+
+def _holds_lists(feature: Any) -> bool:
+    return isinstance(feature, (Sequence, list, dict))
 
 
 def _undefined_correlation(scores: np.ndarray, references: np.ndarray) -> tuple[str, str] | None:

@@ -71,6 +71,35 @@ def test_classification_multi_label_multi_hot_and_metrics(tmp_path, tiny_bert):
     assert rows_out[0]["labels"] == ["x", "y"] and rows_out[2]["labels"] == ["y"]
 
 
+def test_classification_label_column_of_the_other_kind_than_the_problem_type_is_refused_naming_why(tmp_path, tiny_bert):
+    """A multi-label reading of string labels trained on their characters (labels 'a', 'e', 'g', ...), of int
+    labels ended in a TypeError, and a single-label reading of lists named the labels "['pos']"."""
+    single = [{"text": "good", "label": "pos"}, {"text": "bad", "label": "neg"}]
+    lists = [{"text": "good", "label": ["pos"]}, {"text": "bad", "label": ["neg"]}]
+    train_file = re.escape(f"(data.files.train: {tmp_path / 'train.jsonl'})")
+    with pytest.raises(DataError, match=rf"split 'train' {train_file}: label column 'label' holds one label per row \(e.g. 'pos'\), "
+                                        r"but classification.problem_type is multi_label, which reads a list of labels per row"):
+        make_task(tmp_path, tiny_bert, single, single, "classification.problem_type=multi_label")
+    with pytest.raises(DataError, match=r"holds one label per row \(e.g. 1\), but classification.problem_type is multi_label"):
+        make_task(tmp_path, tiny_bert, [{"text": "good", "label": 1}, {"text": "bad", "label": 0}],
+                  [{"text": "fine", "label": 1}], "classification.problem_type=multi_label")
+    with pytest.raises(DataError, match=r"holds lists of labels \(e.g. \['pos'\]\), but classification.problem_type is single_label, "
+                                        r"which reads one label per row"):
+        make_task(tmp_path, tiny_bert, lists, lists, "classification.problem_type=single_label")
+    # A finished multi-label run evaluated on a file of single labels: the run's head says why.
+    task, raw = make_task(tmp_path, tiny_bert, lists, lists)
+    task.build_model(raw).save_pretrained(tmp_path / "run")
+    task.tokenizer.save_pretrained(tmp_path / "run")
+    valid = write_jsonl(tmp_path / "single.jsonl", single)
+    config = load_config(tmp_path / "c.yaml", [f"data.files={{validation: {valid}}}"], lambda name: get_task(name).Options)
+    evaluation = ClassificationTask(config)
+    evaluation.build_tokenizer(None, model_path=str(tmp_path / "run"))
+    evaluation.build_model(None, model_path=str(tmp_path / "run"))
+    with pytest.raises(DataError, match=rf"holds one label per row \(e.g. 'pos'\), but the model in {re.escape(str(tmp_path / 'run'))} "
+                                        r"is multi_label, which reads a list of labels per row"):
+        evaluation.load(include_train=False)
+
+
 def test_classification_regression_from_float_labels(tmp_path, tiny_bert):
     rows = [{"text": "a", "label": 0.5}, {"text": "b", "label": 4.0}, {"text": "c", "label": 2.5}]
     task, raw = make_task(tmp_path, tiny_bert, rows, rows)
@@ -91,11 +120,11 @@ def test_classification_class_label_feature_gives_names(tmp_path, tiny_bert):
     task, _ = make_task(tmp_path, tiny_bert, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}], [{"text": "a", "label": "x"}])
     data = Dataset.from_dict({"text": ["a", "b"], "label": [1, 0]},
                              features=Features({"text": Value("string"), "label": ClassLabel(names=["negative", "positive"])}))
-    task.problem_type = task._infer_problem_type(data)
+    task.problem_type, _ = task._infer_problem_type(data, "train")
     assert task._infer_label_names(data) == ["negative", "positive"]
     multi = Dataset.from_dict({"text": ["a"], "label": [[0, 1]]},
                               features=Features({"text": Value("string"), "label": Sequence(ClassLabel(names=["u", "v"]))}))
-    assert task._infer_problem_type(multi) == "multi_label"
+    assert task._infer_problem_type(multi, "train") == ("multi_label", "split 'train' holds lists of labels (multi_label)")
 
 
 def test_classification_tokenisation_is_cached(tmp_path, tiny_bert):
