@@ -67,7 +67,12 @@ def flat_row(row: dict[str, Any], where: str, default_id: str) -> dict[str, Any]
     if missing:
         raise DataError(f"{where}: missing or non-text field(s) {missing}; a row needs 'question' and 'context' (and 'answers' to train)")
     answers = _answers_of(row.get("answers"), where)
-    if row.get("is_impossible"):
+    impossible = row.get("is_impossible")
+    # Only a JSON boolean (or 0/1): the string "False" that csv-to-json conversions write is truthy, and
+    # read as such it turned an answered question into an unanswerable one without a word.
+    if impossible is not None and not (isinstance(impossible, int) and impossible in (0, 1)):
+        raise DataError(f"{where}: 'is_impossible' must be true or false (a JSON boolean), not {impossible!r}")
+    if impossible:
         answers = {"text": [], "answer_start": []}
     identifier = row.get("id")
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,20 @@ def test_qa_nested_json_reader_flattens_and_honours_is_impossible(tmp_path):
     assert rows[0] == {"id": "a", "title": "T", "context": "alice met bob", "question": "who met bob?",
                        "answers": {"text": ["alice", "alice"], "answer_start": [0, 0]}}
     assert rows[1]["answers"] == {"text": [], "answer_start": []}
+
+
+def test_qa_reader_takes_is_impossible_only_as_a_boolean(tmp_path):
+    row = {"id": "a", "question": "who met bob?", "context": "alice met bob", "answers": {"text": ["alice"], "answer_start": [0]}}
+    path = tmp_path / "flat.jsonl"
+    for flag, answers in ((False, ["alice"]), (0, ["alice"]), (None, ["alice"]), (True, []), (1, [])):
+        path.write_text(json.dumps({**row, "is_impossible": flag}) + "\n")
+        assert read_squad_file(path)[0]["answers"]["text"] == answers
+    # A string is refused, not read as true: "False" emptied the answer of an answered question.
+    for flag in ("False", "true", 2, [False]):
+        path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "b", "is_impossible": flag}) + "\n")
+        with pytest.raises(DataError, match=rf"{re.escape(str(path))}.*line 2.*'is_impossible' must be true or false \(a JSON boolean\), "
+                                            rf"not {re.escape(repr(flag))}"):
+            read_squad_file(path)
 
 
 def test_qa_reader_honours_the_encoding(tmp_path):
