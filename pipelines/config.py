@@ -392,7 +392,7 @@ class RunConfig(Section):
     """The run directory. This and every other path (``data.files``, ``data.path``, ``model.name_or_path``,
     ``distill.teacher``, ...) is relative to the current directory, ``~`` being the home folder; the run's
     ``config.yaml`` holds them absolute, so ``evaluate`` and ``predict`` read the same files from anywhere."""
-    seed: int = 42
+    seed: int = Field(default=42, ge=0, lt=2**32)  # numpy's seed range
     """Seeds model initialisation, data order and dropout: a rerun gives identical results."""
     overwrite: bool = False
     """Replace the bertpipe run in ``output_dir`` (once the new run has validated)."""

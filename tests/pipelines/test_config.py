@@ -107,6 +107,14 @@ def test_config_best_model_settings_need_the_evaluations_they_choose_from(tmp_pa
     assert load_config(write(tmp_path, BASE), ["train.metric_for_best_model=eval_accuracy"], options_for).train.eval_steps is None
 
 
+def test_config_seed_is_refused_outside_the_range_every_library_seeds_from(tmp_path):
+    # numpy takes 0 to 2**32 - 1; past either end the run ended in numpy's traceback inside set_seed.
+    for seed in ("-1", str(2**32)):
+        with pytest.raises(ConfigError, match=r"'seed' .*the command line"):
+            load_config(write(tmp_path, BASE), [f"seed={seed}"], options_for)
+    assert load_config(write(tmp_path, BASE), [f"seed={2**32 - 1}"], options_for).seed == 2**32 - 1
+
+
 def test_config_unknown_task_lists_registered(tmp_path):
     with pytest.raises(ConfigError, match="registered tasks: demo"):
         load_config(write(tmp_path, BASE.replace("task: demo", "task: dmeo")), [], options_for)
