@@ -26,7 +26,7 @@ import datasets
 from datasets import Dataset, DatasetDict
 
 from pipelines.config import DataConfig
-from pipelines.errors import DataError, failures_named
+from pipelines.errors import DataError, describe, failures_named
 from pipelines.files import as_list, check_files_exist, load_local_files
 from pipelines.hub import resolve_dataset
 
@@ -66,7 +66,14 @@ def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train
     """Check splits exist and are non-empty, carve a held-out split if asked, then sample."""
     raw = DatasetDict(raw)
     if data.eval_split not in raw and data.validation_fraction and data.train_split in raw:
-        held_out = raw[data.train_split].train_test_split(test_size=data.validation_fraction, seed=seed)
+        try:
+            held_out = raw[data.train_split].train_test_split(test_size=data.validation_fraction, seed=seed)
+        except ValueError as error:  # a share that leaves one side without a row
+            raise DataError(
+                f"data.validation_fraction={data.validation_fraction}: the {len(raw[data.train_split])} row(s) of split "
+                f"{data.train_split!r} ({split_source(data, data.train_split)}) cannot be split into training and held-out "
+                f"rows ({describe(error)}); give more rows, another fraction, or an evaluation file"
+            ) from error
         raw[data.train_split], raw[data.eval_split] = held_out["train"], held_out["test"]
     wanted = [data.train_split, data.eval_split] if need_train else [data.eval_split]
     for split in wanted:

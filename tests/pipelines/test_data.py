@@ -48,6 +48,15 @@ def test_data_sampling_and_held_out_split(tmp_path):
     assert len(splits["train"]) == 4 and len(splits["validation"]) == 3
 
 
+def test_data_held_out_share_that_leaves_a_side_without_rows_names_the_key_file_and_count(tmp_path):
+    for rows, fraction in ((ROWS[:1], 0.5), (ROWS, 0.99)):
+        train = write_rows(tmp_path / "train.jsonl", rows)
+        data = DataConfig(files={"train": str(train)}, validation_fraction=fraction)
+        with pytest.raises(DataError, match=rf"data.validation_fraction={fraction}: the {len(rows)} row\(s\) of split 'train' "
+                                            rf"\(data.files.train: {train}\) cannot be split into training and held-out rows"):
+            finalize_splits(load_raw(data), data, seed=0)
+
+
 def test_data_missing_or_empty_split_is_an_error(tmp_path):
     train = write_rows(tmp_path / "train.jsonl", ROWS)
     data = DataConfig(files={"train": str(train)})
