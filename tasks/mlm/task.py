@@ -23,7 +23,7 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import finalize_splits, load_raw, require_columns
+from pipelines.data import finalize_splits, load_raw, require_columns, require_text, split_source
 from pipelines.errors import DataError
 from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.errors import ModelError, failures_named
@@ -91,6 +91,8 @@ class MlmTask(TaskBase):
         raw = DatasetDict(load_raw(data, text_columns=[self.text_column]))
         for split_name, split in raw.items():
             require_columns(split, [self.text_column], split_name)
+            # Numbers (or a mix) in the text column would reach str.strip below, and 0 or false be dropped as empty.
+            require_text(split, [self.text_column], f"split {split_name!r} ({split_source(data, split_name)})", keys="data.text_column")
         rows = {name: list(split[self.text_column]) for name, split in raw.items()}
         if data.eval_split not in rows and data.validation_fraction and data.train_split in rows:
             corpus = rows[data.train_split]
@@ -112,6 +114,7 @@ class MlmTask(TaskBase):
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column], "input")
+        require_text(inputs, [self.text_column], f"--input {path}", keys="data.text_column")
         if self.text_column == "text":
             return inputs
         # The configured column is the text; a "text" column beside it is some other field of the row.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -262,6 +263,25 @@ def test_mlm_csv_corpus_rows_are_the_text_written(tmp_path):
     inputs = tmp_path / "inputs.csv"
     inputs.write_text("text\n42\n")
     assert task.load_inputs(str(inputs))["text"] == ["42"]
+
+
+def test_mlm_jsonl_text_column_of_numbers_or_mixed_values_is_refused_naming_split_and_file(tmp_path):
+    # A number reached str.strip (an AttributeError traceback), and a row of 0 or false was dropped as empty.
+    texts = ["the film was fine", "a dull plot"]
+    for odd, kind in (([7], "Json"), ([["a", "list"]], "Json"), ([0], "Json")):
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts + odd))
+        task = MlmTask(mlm_config(tmp_path, corpus, "data.validation_fraction=null", "data.files.validation=" + str(corpus)))
+        with pytest.raises(DataError, match=rf"split '(train|validation)' \(data.files.\w+: {re.escape(str(corpus))}\): column 'text' holds "
+                                            rf"{kind} values, not text; point data.text_column at a text column"):
+            task.load()
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text("".join(json.dumps({"text": number}) + "\n" for number in (1, 2)))
+    task = MlmTask(mlm_config(tmp_path, numbers, "data.validation_fraction=null", "data.files.validation=" + str(numbers)))
+    with pytest.raises(DataError, match=r"column 'text' holds int64 values, not text"):
+        task.load()
+    with pytest.raises(DataError, match=rf"--input {re.escape(str(numbers))}: column 'text' holds int64 values, not text"):
+        task.load_inputs(str(numbers))
 
 
 def test_mlm_inputs_with_a_text_column_beside_the_configured_one_read_the_configured_one(tmp_path):
