@@ -16,7 +16,7 @@ import difflib
 import functools
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import yaml
 from pydantic import BaseModel, ValidationError, create_model
@@ -58,10 +58,25 @@ def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, *, task_name:
             node[key] = child
         node = child
     last = keys[-1]
-    if isinstance(value, dict) and isinstance(node.get(last), dict) and _names_a_section(keys, task_name):
+    if isinstance(value, dict) and _names_a_section(keys, task_name):
+        # Key by key also where the file has no such section (or a null one): the keys set are then the
+        # settings given, which is what a caller asking "which settings did the command line fix" needs.
+        if not isinstance(node.get(last), dict):
+            node[last] = {}
         return [set_ for key, item in value.items() for set_ in _set_dotted(tree, [*keys, key], item, task_name=task_name)]
     node[last] = value
     return [tuple(keys)]
+
+
+def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> set[tuple[str, ...]]:
+    """Apply ``KEY=VALUE`` overrides to a config tree in place, as :func:`load_config` does (unvalidated);
+    returns the settings they set: each key inside a mapping given for a section, a mapping-valued setting
+    (``data.files={...}``) whole. For a caller that must read a setting however the command line spelt it."""
+    set_keys: set[tuple[str, ...]] = set()
+    for override in overrides:
+        keys, value = parse_override(override)
+        set_keys.update(_set_dotted(tree, keys, value, task_name=tree.get("task")))
+    return set_keys
 
 
 def _names_a_section(keys: list[str], task_name: Any) -> bool:
@@ -177,10 +192,8 @@ def load_config(
     """Read YAML (or start from ``base``), apply overrides, validate against the task's schema."""
     source = str(path) if path is not None else "the saved run config"
     tree = read_yaml(path) if path is not None else dict(base or {})
-    where = _Origin(source, copy.deepcopy(tree))
-    for override in overrides:
-        keys, value = parse_override(override)
-        where.overrides.update(_set_dotted(tree, keys, value, task_name=tree.get("task")))
+    file_tree = copy.deepcopy(tree)
+    where = Origin(source, file_tree, apply_overrides(tree, overrides))
 
     task_name = tree.get("task")
     # Everything but the task's own section first: that needs no task module (each imports torch),
@@ -218,12 +231,12 @@ def _schema_for(options_cls: type[TaskOptions]) -> type[RunConfig]:
     return create_model(f"RunConfig_{options_cls.__name__}", __base__=RunConfig, task_options=(options_cls, options_cls()))
 
 
-class _Origin:
-    """Where a key's value came from, for messages: the file (``source``), the command line, or both."""
+class Origin:
+    """Where a key's value came from, for messages: the file (``source``), the command line, or both.
+    ``overrides``: the settings the command line set (:func:`apply_overrides`)."""
 
-    def __init__(self, source: str, file_tree: dict[str, Any]) -> None:
-        self.source, self.file_tree = source, file_tree
-        self.overrides: set[tuple[str, ...]] = set()
+    def __init__(self, source: str, file_tree: dict[str, Any], overrides: set[tuple[str, ...]]) -> None:
+        self.source, self.file_tree, self.overrides = source, file_tree, overrides
 
     def of(self, location: list[str]) -> str:
         location = tuple(location)
@@ -244,7 +257,7 @@ class _Origin:
         return True
 
 
-def _describe(error: ValidationError, schema: type[BaseModel], origin: _Origin, task_name) -> str:
+def _describe(error: ValidationError, schema: type[BaseModel], origin: Origin, task_name) -> str:
     lines = []
     for problem in error.errors():
         location = [str(part) for part in problem["loc"]]

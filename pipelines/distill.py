@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from pipelines.adapters import is_peft_model, merge_adapter
 from pipelines.config import ConfigError, RunConfig, TaskOptions
-from pipelines.config_loading import load_config, parse_override, read_yaml
+from pipelines.config_loading import apply_overrides, load_config, read_yaml
 from pipelines.errors import ModelError, describe
 from pipelines.heads import reorder_head_labels
 from pipelines.outputs import METRICS_FILE, load_saved_config
@@ -61,19 +61,24 @@ def distill_config(
     """``bertpipe distill TEACHER CONFIG [KEY=VALUE ...]``: the config with ``distill.teacher`` set and,
     for ``init: teacher`` (the default), ``model.name_or_path`` pointed at the teacher."""
     check_teacher_run(teacher_run)
+    # Read from the tree load_config will validate, not from the override strings: an override names a
+    # setting in several spellings (``distill.init=model``, ``distill={init: model}``, ``model={name_or_path: X}``),
+    # and one missed here put the teacher in as the student while config.yaml said ``init: model``.
     tree = read_yaml(config_path)
+    given = apply_overrides(tree, overrides)
     section = tree.get("distill") if isinstance(tree.get("distill"), dict) else {}
     model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
     init = section.get("init", "teacher")
     tokenizer_given = bool(model.get("tokenizer_name_or_path") or model.get("name_or_path"))
-    for override in overrides:
-        keys, value = parse_override(override)
-        if keys == ["distill", "init"]:
-            init = value
-        if keys in (["model", "name_or_path"], ["model", "tokenizer_name_or_path"]) and value:
-            tokenizer_given = True
     extra = [f"distill.teacher={teacher_run}"]
     if init == "teacher":
+        # The config file's model (the task's usual checkpoint) gives way to the teacher, but a student named on
+        # the command line would be dropped without a word.
+        if ("model", "name_or_path") in given and model.get("name_or_path") is not None:
+            raise ConfigError(
+                f"model.name_or_path={model['name_or_path']} (the command line): with distill.init=teacher the student is "
+                "the teacher's own layers; to train that model as the student, add distill.init=model"
+            )
         extra.append(f"model.name_or_path={teacher_run}")
     elif not tokenizer_given:  # a from-scratch student reads its inputs with the teacher's tokenizer
         extra.append(f"model.tokenizer_name_or_path={teacher_run}")

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipelines.config import ConfigError, TaskOptions
-from pipelines.config_loading import load_config, parse_override
+from pipelines.config_loading import apply_overrides, load_config, parse_override
 
 
 class DemoOptions(TaskOptions):
@@ -113,6 +113,16 @@ def test_config_seed_is_refused_outside_the_range_every_library_seeds_from(tmp_p
         with pytest.raises(ConfigError, match=r"'seed' .*the command line"):
             load_config(write(tmp_path, BASE), [f"seed={seed}"], options_for)
     assert load_config(write(tmp_path, BASE), [f"seed={2**32 - 1}"], options_for).seed == 2**32 - 1
+
+
+def test_config_overrides_report_the_settings_they_set_however_spelt():
+    tree = {"task": "demo", "data": {"files": {"train": "a.jsonl", "validation": "b.jsonl"}}}
+    set_keys = apply_overrides(tree, ["train={batch_size: 4, max_steps: 9}", "model={peft: {r: 2}}", "data.files={train: c.jsonl}",
+                                      "demo.doc_stride=64"])
+    # Sections key by key, also where the file has none of them; a mapping-valued setting whole.
+    assert set_keys == {("train", "batch_size"), ("train", "max_steps"), ("model", "peft", "r"), ("data", "files"), ("demo", "doc_stride")}
+    assert tree["train"] == {"batch_size": 4, "max_steps": 9} and tree["model"] == {"peft": {"r": 2}}
+    assert tree["data"]["files"] == {"train": "c.jsonl"}
 
 
 def test_config_unknown_task_lists_registered(tmp_path):

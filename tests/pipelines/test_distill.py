@@ -8,6 +8,8 @@ is measured against the student's own start: the teacher cut down to the chosen 
 
 from __future__ import annotations
 
+import re
+
 import json
 from pathlib import Path
 
@@ -97,6 +99,80 @@ def test_distill_config_section_is_validated(classification_teacher, tmp_path):
         distill_config(str(teacher), str(path), [f"output_dir={teacher}"], options_for)
     with pytest.raises(ConfigError, match="model.name_or_path must be"):
         load_config(path, [f"output_dir={tmp_path / 's'}", f"distill.teacher={teacher}"], options_for)
+
+
+def config_with(path: Path, folder: Path, **sections) -> Path:
+    """A copy of the config at ``path`` in ``folder`` with top-level ``sections`` replaced."""
+    import yaml
+
+    tree = {**yaml.safe_load(path.read_text()), **sections}
+    folder.mkdir(parents=True, exist_ok=True)
+    written = folder / path.name
+    written.write_text(yaml.safe_dump(tree))
+    return written
+
+
+@pytest.mark.parametrize("spelling", ["dotted override", "section override", "section override with other keys", "config file"])
+def test_distill_init_model_trains_the_configs_student_however_init_is_written(classification_teacher, tmp_path, spelling):
+    """``distill={init: model}`` is ``distill.init=model`` (the README's section mapping), and so is the config
+    file's ``distill: {init: model}``: the student is the config's model.name_or_path with its own tokenizer,
+    never the teacher run, which config.yaml would not have shown under ``init: model``."""
+    root, path, teacher = classification_teacher
+    student = load_config(path, [], options_for).model.name_or_path
+    overrides = {"dotted override": ["distill.init=model"], "section override": ["distill={init: model}"],
+                 "section override with other keys": ["distill={init: model, alpha: 0.7}"], "config file": []}[spelling]
+    if spelling == "config file":
+        path = config_with(path, tmp_path / "file", distill={"init": "model"})
+    config = distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", *overrides], options_for)
+    assert config.distill.init == "model" and config.distill.teacher == str(teacher)
+    assert config.model.name_or_path == student != str(teacher) and config.model.tokenizer_name_or_path is None
+    assert config.distill.alpha == (0.7 if "other keys" in spelling else 0.5)
+
+
+def test_distill_init_teacher_given_as_a_section_mapping_replaces_the_files_init_model(classification_teacher, tmp_path):
+    """The command line's ``distill={init: teacher}`` wins over the file's ``init: model`` as a dotted key does: the
+    student is cut from the teacher, and the file's other distill keys stay."""
+    root, path, teacher = classification_teacher
+    path = config_with(path, tmp_path / "file", distill={"init": "model", "alpha": 0.7})
+    for override in ("distill.init=teacher", "distill={init: teacher}"):
+        config = distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", override], options_for)
+        assert config.distill.init == "teacher" and config.model.name_or_path == str(teacher), override
+        assert config.distill.alpha == 0.7
+
+
+def test_distill_init_teacher_refuses_a_student_named_on_the_command_line_instead_of_dropping_it(classification_teacher, tmp_path):
+    """The config file's model gives way to the teacher (the task config's usual checkpoint), but one the user typed
+    would have been replaced by the teacher without a word."""
+    root, path, teacher = classification_teacher
+    checkpoint = load_config(path, [], options_for).model.name_or_path
+    for override in (f"model.name_or_path={checkpoint}", f"model={{name_or_path: {checkpoint}}}"):
+        with pytest.raises(ConfigError, match=rf"model.name_or_path={re.escape(checkpoint)} \(the command line\): with distill.init=teacher "
+                                              r"the student is the teacher's own layers; .*add distill.init=model"):
+            distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", override], options_for)
+    config = distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", "model.name_or_path=null"], options_for)
+    assert config.model.name_or_path == str(teacher)
+
+
+def test_distill_init_model_from_scratch_reads_the_teachers_tokenizer_unless_a_model_section_names_a_student(classification_teacher, tmp_path):
+    """A from-scratch student (no model.name_or_path) reads its inputs with the teacher's tokenizer. A student
+    checkpoint or tokenizer named on the command line, as a dotted key or in a ``model={...}`` mapping, keeps its own."""
+    root, path, teacher = classification_teacher
+    checkpoint = load_config(path, [], options_for).model.name_or_path
+    path = config_with(path, tmp_path / "file", model={"architecture": {"num_hidden_layers": 1}})
+
+    def student(*overrides):
+        config = distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", *overrides], options_for)
+        assert config.distill.init == "model", overrides
+        return config.model.name_or_path, config.model.tokenizer_name_or_path
+
+    for init in ("distill.init=model", "distill={init: model}"):
+        assert student(init) == (None, str(teacher))
+        assert student(init, f"model.name_or_path={checkpoint}") == (checkpoint, None)
+        assert student(init, f"model={{name_or_path: {checkpoint}}}") == (checkpoint, None)
+        assert student(init, f"model={{tokenizer_name_or_path: {checkpoint}}}") == (None, checkpoint)
+    # The mapping set model.name_or_path and kept the file's architecture, as the README's section override does.
+    config = distill_config(str(teacher), str(path), [f"output_dir={tmp_path / 's'}", "distill={init: model}"], options_for)
+    assert config.model.architecture == {"num_hidden_layers": 1}
 
 
 def _kl_batches(tokenizer, texts, **kwargs):
