@@ -14,12 +14,14 @@ Out: a list of :class:`Param`, each of which an Optuna trial asks for its value;
 
 Every key of the space is checked against the task's config schema before the first trial: an
 unknown key, a numeric distribution on a non-numeric key, an empty choice or a bound the schema
-rejects is a :class:`SweepError`. :func:`yaml_scalar` writes a value as the override that
-reads back as the same value.
+rejects is a :class:`SweepError`, and so is a key that the overrides fix or that another setting makes
+inert (:data:`INERT_WHILE_SET`). :func:`yaml_scalar` writes a value as the override that reads back as
+the same value.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import types
@@ -32,7 +34,7 @@ import yaml
 from pydantic import BaseModel
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions
-from pipelines.config_loading import load_config, parse_override, read_yaml
+from pipelines.config_loading import Origin, apply_overrides, load_config, read_yaml
 
 OptionsLookup = Callable[[str], type[TaskOptions]]
 
@@ -61,6 +63,17 @@ DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
     "mlm": {**_COMMON_SPACE, "train.learning_rate": {"log_uniform": [5.0e-5, 1.0e-3]}, "train.batch_size": {"choice": [32, 64]},
             "train.warmup_fraction": {"uniform": [0.0, 0.1]}},
 }
+
+# (inert key, key that overrides it while set): pipelines/optim.py takes the length from max_steps and the warmup
+# from warmup_steps whenever they are set, and pipelines/data.py reads data.files and then never data.path or
+# data.name. Searching the first key while the second is set spends every trial on runs that train alike, so
+# default_space leaves such a key out and load_space refuses it.
+INERT_WHILE_SET: tuple[tuple[str, str], ...] = (
+    ("train.num_epochs", "train.max_steps"),
+    ("train.warmup_fraction", "train.warmup_steps"),
+    ("data.path", "data.files"),
+    ("data.name", "data.files"),
+)
 
 
 @dataclass(frozen=True)
@@ -103,10 +116,11 @@ def yaml_scalar(value: Any) -> str:
 
 # ----- reading and checking a space ------------------------------------------------------------------
 def default_space(config: RunConfig) -> dict[str, dict[str, Any]]:
-    """The task's default space; epochs are left out when ``train.max_steps`` fixes the length."""
+    """The task's default space, less the keys the config makes inert (epochs under ``train.max_steps``, ...)."""
     space = dict(DEFAULT_SPACES.get(config.task, _COMMON_SPACE))
-    if config.train.max_steps:
-        space.pop("train.num_epochs", None)
+    for key, overrider in INERT_WHILE_SET:
+        if _is_set(_setting(config, overrider)):
+            space.pop(key, None)
     return space
 
 
@@ -129,16 +143,57 @@ def load_space(
         source = str(space_path)
     if not tree:
         raise SweepError(f"{source}: the search space is empty; give at least one key with a distribution")
-    fixed = {".".join(parse_override(override)[0]) for override in overrides}
-    params = []
-    for key, spec in tree.items():
-        param = _parse_param(str(key), spec, source)
-        if param.key in fixed:
+    fixed, origin = _fixed_by_overrides(config_path, overrides)
+    params = [_parse_param(str(key), spec, source) for key, spec in tree.items()]
+    searched = {param.key: param for param in params}
+    for param in params:
+        # A key inside a mapping the command line gives whole (data.files={...}) is fixed too: the trial's
+        # value would be written into the user's mapping.
+        if any(param.key == key or param.key.startswith(key + ".") for key in fixed):
             raise SweepError(f"{source}: {param.key} is searched here but also fixed on the command line; drop one of them")
+        _check_not_inert(param, source, config, searched, origin)
         _check_against_schema(param, source, config.task, options_for(config.task))
         _check_values(param, source, config_path, overrides, options_for)
-        params.append(param)
     return params
+
+
+def _fixed_by_overrides(config_path: str | Path, overrides: Sequence[str]) -> tuple[set[str], Origin]:
+    """The dotted settings the overrides fix, read as each trial's load_config reads them (``train={batch_size: 4}``
+    fixes ``train.batch_size``, ``data.files={train: a.jsonl}`` the whole of ``data.files``), and where each
+    setting of the config comes from."""
+    file_tree = read_yaml(config_path)
+    fixed = apply_overrides(copy.deepcopy(file_tree), overrides)
+    return {".".join(keys) for keys in fixed}, Origin(str(config_path), file_tree, fixed)
+
+
+def _setting(config: RunConfig, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _is_set(value: Any) -> bool:
+    # data.files={} is no files at all: pipelines/data.py then reads data.path.
+    return value is not None and value != {}
+
+
+def _check_not_inert(param: Param, source: str, config: RunConfig, searched: dict[str, Param], origin: Origin) -> None:
+    """``param`` is not a key that another setting, fixed or searched, makes inert in every trial."""
+    for key, overrider in INERT_WHILE_SET:
+        if param.key != key:
+            continue
+        also_searched = searched.get(overrider)
+        if also_searched is not None:
+            # Searched together, the key still counts in the trials whose value of the overrider is null.
+            if all(_is_set(value) for value in also_searched.candidate_values()):
+                raise SweepError(f"{source}: {key} is searched here, but {overrider}, searched here too, overrides it "
+                                 f"in every trial ({also_searched.describe()}), so its values change nothing; drop {key}")
+        elif _is_set(_setting(config, overrider)):
+            where = origin.of(overrider.split("."))
+            where = "on the command line" if where == "the command line" else f"in {where}"
+            raise SweepError(f"{source}: {key} is searched here, but {overrider}, set {where}, overrides it, "
+                             f"so its values change nothing; drop {key} or unset {overrider} ({overrider}=null)")
 
 
 def _parse_param(key: str, spec: Any, source: str) -> Param:

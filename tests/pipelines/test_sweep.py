@@ -91,12 +91,72 @@ def test_sweep_space_key_also_fixed_on_command_line_is_an_error(tmp_path):
         space_of(tmp_path, "train.learning_rate: {log_uniform: [1.0e-5, 1.0e-3]}", "train.learning_rate=0.001")
 
 
+@pytest.mark.parametrize(("searched", "override", "base"), [
+    ("train.batch_size: {choice: [8, 16]}", "train={batch_size: 4}", BASE),
+    ("train.batch_size: {choice: [8, 16]}", "train={batch_size: 4}", BASE + "train:\n  learning_rate: 0.001\n"),
+    ("demo.doc_stride: {int: [64, 256]}", "demo={doc_stride: 64}", BASE),
+    ("model.peft.r: {choice: [4, 8]}", "model={peft: {r: 2}}", BASE),
+    # A mapping-valued setting is replaced whole: a key searched inside it would be written into the user's mapping.
+    ("data.files.train: {choice: [a.jsonl, b.jsonl]}", "data.files={train: c.jsonl}", BASE),
+    ("data.files.train: {choice: [a.jsonl, b.jsonl]}", "data={files: {train: c.jsonl}}", BASE),
+], ids=["section", "section-in-the-file", "task-section", "nested-section", "mapping-valued-key", "mapping-valued-key-in-a-section"])
+def test_sweep_space_key_fixed_through_a_section_mapping_override_is_an_error_too(tmp_path, searched, override, base):
+    key = searched.split(":")[0]
+    with pytest.raises(SweepError, match=f"{key} is searched here but also fixed on the command line"):
+        space_of(tmp_path, searched, override, base=base)
+
+
+def test_sweep_space_section_mapping_override_fixes_only_the_keys_it_gives(tmp_path):
+    params = space_of(tmp_path, "train.batch_size: {choice: [8, 16]}", "train={learning_rate: 0.001}")
+    assert [param.key for param in params] == ["train.batch_size"]
+
+
+@pytest.mark.parametrize(("searched", "overrider", "where", "overrides", "base"), [
+    ("train.num_epochs: {int: [1, 4]}", "train.max_steps", "on the command line", ["train.max_steps=50"], BASE),
+    ("train.num_epochs: {int: [1, 4]}", "train.max_steps", "on the command line", ["train={max_steps: 50}"], BASE),
+    ("train.num_epochs: {int: [1, 4]}", "train.max_steps", "in {config}", [], BASE + "train:\n  max_steps: 50\n"),
+    # warmup_steps=0 is a warmup of zero updates, not unset: warmup_fraction changes nothing either.
+    ("train.warmup_fraction: {uniform: [0.0, 0.2]}", "train.warmup_steps", "on the command line", ["train.warmup_steps=0"], BASE),
+    ("data.path: {choice: [a/b, c/d]}", "data.files", "on the command line", ["data.files={train: a.jsonl}"], BASE),
+    ("data.name: {choice: [mrpc, sst2]}", "data.files", "in {config}", [], BASE + "  files: {train: a.jsonl}\n"),
+], ids=["epochs-dotted", "epochs-section", "epochs-file", "warmup-fraction", "data-path", "data-name"])
+def test_sweep_space_key_that_a_set_key_overrides_is_an_error_naming_both_and_where(tmp_path, searched, overrider, where, overrides, base):
+    key = searched.split(":")[0]
+    with pytest.raises(SweepError) as raised:
+        space_of(tmp_path, searched, *overrides, base=base)
+    where = where.format(config=tmp_path / "run.yaml")
+    assert f"{tmp_path / 'space.yaml'}: {key} is searched here, but {overrider}, set {where}, overrides it" in str(raised.value)
+
+
+def test_sweep_space_key_overridden_in_every_trial_by_another_searched_key_is_an_error(tmp_path):
+    with pytest.raises(SweepError, match="train.num_epochs is searched here, but train.max_steps, searched here too, overrides it in every trial"):
+        space_of(tmp_path, "train.num_epochs: {int: [1, 4]}\ntrain.max_steps: {int: [16, 64]}")
+
+
+@pytest.mark.parametrize(("searched", "overrides", "base"), [
+    ("train.num_epochs: {int: [1, 4]}", ["train.max_steps=null"], BASE + "train:\n  max_steps: 50\n"),
+    ("train.num_epochs: {int: [1, 4]}\ntrain.max_steps: {choice: [50, null]}", [], BASE),
+    ("data.name: {choice: [mrpc, sst2]}", ["data.files={}"], BASE),  # no files: data.path and data.name are read
+], ids=["unset-on-the-command-line", "null-among-the-searched-values", "empty-files"])
+def test_sweep_space_key_whose_overriding_key_is_unset_in_some_trials_is_searched(tmp_path, searched, overrides, base):
+    keys = [param.key for param in space_of(tmp_path, searched, *overrides, base=base)]
+    assert keys == [line.split(":")[0] for line in searched.splitlines()]
+
+
 def test_sweep_default_space_per_task_and_without_epochs_under_max_steps(tmp_path):
     base = BASE.replace("task: demo", "task: classification")
     keys = [param.key for param in space_of(tmp_path, None, base=base)]
     assert keys == ["train.learning_rate", "train.batch_size", "train.warmup_fraction", "train.num_epochs"]
     keys = [param.key for param in space_of(tmp_path, None, "train.max_steps=50", base=base)]
     assert "train.num_epochs" not in keys and "train.learning_rate" in keys
+
+
+@pytest.mark.parametrize("overrides", [["train.warmup_steps=0"], ["train={warmup_steps: 10}"], ["train.warmup_steps=10", "train.max_steps=50"]])
+def test_sweep_default_space_leaves_out_warmup_fraction_under_warmup_steps(tmp_path, overrides):
+    base = BASE.replace("task: demo", "task: classification")
+    keys = [param.key for param in space_of(tmp_path, None, *overrides, base=base)]
+    assert "train.warmup_fraction" not in keys and "train.learning_rate" in keys
+    assert ("train.num_epochs" in keys) == ("train.max_steps=50" not in overrides)
 
 
 @pytest.mark.parametrize("value", [1e-05, 3.0e-4, 16, 0.0, "linear", True, None, "1e-5"])
