@@ -178,6 +178,9 @@ class DataConfig(Section):
     def _local_files_absolute(cls, value: dict[str, str | list[str]] | None) -> dict[str, str | list[str]] | None:
         if value is None:
             return None
+        empty = [split for split, paths in value.items() if not paths]
+        if empty:
+            raise ValueError(f"split(s) {empty} name no file: give each split a path or a list of paths, or leave the split out")
         return {split: absolute_if_local(paths) if isinstance(paths, str) else [absolute_if_local(path) for path in paths]
                 for split, paths in value.items()}
 

@@ -125,6 +125,13 @@ def test_config_overrides_report_the_settings_they_set_however_spelt():
     assert tree["data"]["files"] == {"train": "c.jsonl"}
 
 
+def test_config_split_without_a_file_is_refused_naming_it(tmp_path):
+    # An empty list reached the json reader as "StopIteration".
+    for files in ("{train: []}", "{train: a.jsonl, validation: ''}"):
+        with pytest.raises(ConfigError, match=r"data.files.*the command line.*split\(s\) \['(train|validation)'\] name no file"):
+            load_config(write(tmp_path, BASE), [f"data.files={files}"], options_for)
+
+
 def test_config_unknown_task_lists_registered(tmp_path):
     with pytest.raises(ConfigError, match="registered tasks: demo"):
         load_config(write(tmp_path, BASE.replace("task: demo", "task: dmeo")), [], options_for)
