@@ -223,7 +223,7 @@ class TrainConfig(Section):
     lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
     """Learning-rate schedule after warmup: ``linear``, ``cosine`` or ``constant``."""
     warmup_steps: int | None = Field(default=None, ge=0)
-    """Warmup in optimizer updates; overrides ``warmup_fraction``."""
+    """Warmup in optimizer updates; overrides ``warmup_fraction``. One longer than the run is cut to the run's length (the rate peaks at the last update)."""
     warmup_fraction: float = Field(default=0.0, ge=0, lt=1)
     """Share of the optimizer updates spent warming up (ignored when warmup_steps is set)."""
     batch_size: int = Field(default=32, gt=0)
