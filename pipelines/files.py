@@ -16,6 +16,7 @@ import codecs
 import csv
 import json
 import logging
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -183,9 +184,8 @@ def load_local_files(files: dict[str, str | list[str]], encoding: str, *, label:
     if builder == "csv":
         # pandas reads a cell "None", "NA", "null" or "nan" as missing and a column of numbers as
         # numbers: the intent label "None" (common in intent data) became an empty cell, the text "NA"
-        # a missing one, and the text "007" the number 7 (and a text column typed per 10,000-row chunk:
-        # numbers in one, strings in the next). Only an empty cell is missing; text stays text.
-        options.update(keep_default_na=False, na_values=[""], converters={column: str for column in text_columns if column})
+        # a missing one, and the text "007" the number 7. Only an empty cell is missing; text stays text.
+        options.update(keep_default_na=False, na_values=[""])
     if builder != "parquet":
         # utf-8-sig reads utf-8 alike and drops a leading byte-order mark (Windows editors write one): the
         # text reader kept it in a file's first example ("\ufeffgood film"), another input for byte-level
@@ -197,7 +197,13 @@ def load_local_files(files: dict[str, str | list[str]], encoding: str, *, label:
     if options.get("delimiter") == "\t":
         options["quoting"] = _tsv_quoting(paths_by_label, encoding)
     if builder == "csv":
-        _check_unique_header(paths_by_label, encoding, options.get("delimiter", ","), options.get("quoting", csv.QUOTE_MINIMAL))
+        delimiter, quoting = options.get("delimiter", ","), options.get("quoting", csv.QUOTE_MINIMAL)
+        _check_unique_header(paths_by_label, encoding, delimiter, quoting)
+        # pandas types a column per 10,000-row chunk: a label column of numbers in the first chunk and a
+        # word in a later one was refused ("Failed to parse string"), and a column of true/false became
+        # the labels True/False. A column holding any cell that is not a number is read as written.
+        words = _columns_holding_words(paths_by_label, encoding, delimiter, quoting)
+        options["converters"] = {column: str for column in {*text_columns, *words} if column}
     try:
         with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
             return datasets.load_dataset(builder, data_files=data_files, **options)
@@ -251,6 +257,31 @@ def _check_unique_header(paths_by_label: dict[str, list[str]], encoding: str, de
                         "give each column its own name"
                     )
                 seen.setdefault(name, number)
+
+
+# What pandas reads as a number (with keep_default_na off): decimals, exponents, inf and nan.
+_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*[+-]?(inf|infinity|nan)\s*", re.IGNORECASE)
+
+
+def _columns_holding_words(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str, quoting: int) -> set[str]:
+    """The csv/tsv columns in which some cell, in any of the files, is not a number (nor empty)."""
+    words: set[str] = set()
+    for paths in paths_by_label.values():
+        for path in paths:
+            try:
+                with open(path, encoding="utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding, newline="") as handle:
+                    rows = csv.reader(handle, delimiter=delimiter, quoting=quoting)
+                    header = next(rows, [])
+                    open_columns = dict(enumerate(header))
+                    for row in rows:
+                        for index in [index for index in open_columns if index < len(row)]:
+                            if row[index] and not _NUMBER.fullmatch(row[index]):
+                                words.add(open_columns.pop(index))
+                        if not open_columns:
+                            break
+            except (OSError, UnicodeError, csv.Error):
+                continue  # the read itself names the file (and the byte or row)
+    return words
 
 
 def _tsv_kind(path: Path, encoding: str) -> str | None:

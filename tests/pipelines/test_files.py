@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.errors import DataError
-from pipelines.files import check_decodes, read_inputs
+from pipelines.files import check_decodes, load_local_files, read_inputs
 
 
 def test_files_prediction_inputs_from_text_lines(tmp_path):
@@ -50,3 +50,20 @@ def test_files_prediction_inputs_decode_in_the_encoding_given(tmp_path):
     table = tmp_path / "inputs.csv"
     table.write_bytes("text\ncafé\n".encode("cp1252"))
     assert read_inputs(table, encoding="cp1252")["text"] == ["café"]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_files_csv_column_is_typed_from_every_row_not_its_first_chunk(tmp_path, suffix):
+    """pandas types a column per 10,000-row chunk: a label column of numbers up to there and a word after it was
+    refused ("Failed to parse string: 'neutral'"), and true/false became the labels True/False."""
+    separator = "\t" if suffix == ".tsv" else ","
+    rows = [separator.join(["text", "label", "score", "flag"])]
+    rows += [separator.join([f"sentence {i}", str(i % 2), str(i / 4), "true" if i % 2 else "false"]) for i in range(10_005)]
+    rows.append(separator.join(["the last one", "neutral", "1e3", "true"]))
+    train = tmp_path / f"train{suffix}"
+    train.write_text("\n".join(rows) + "\n")
+    split = load_local_files({"train": str(train)}, "utf-8", label="data.files.", text_columns=["text"])["train"]
+    assert split["label"][:2] + split["label"][-1:] == ["0", "1", "neutral"]
+    assert split["flag"][:2] == ["false", "true"]
+    # A column of numbers only stays numeric (float labels are a regression).
+    assert split.features["score"].dtype == "float64" and split["score"][-1] == 1000.0
