@@ -11,6 +11,7 @@ Out: one ``{"tokens", "tags", "location"}`` per sentence, ``location`` naming th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,6 +26,10 @@ DOCSTART = "-DOCSTART-"
 _PREFIX_RANK = {"B": 0, "I": 1, "E": 2, "L": 2, "S": 3, "U": 3}
 
 
+_ASCII_SPACE = " \t\n\r\f\v"
+_COLUMN_SEPARATOR = re.compile(f"[{re.escape(_ASCII_SPACE)}]+")
+
+
 def read_conll(
     path: str | Path, *, token_column: int = 0, tag_column: int | None = -1, encoding: str = "utf-8"
 ) -> list[dict[str, Any]]:
@@ -33,7 +38,7 @@ def read_conll(
     ``tag_column=None`` reads tokens only (inputs to predict: a file of one token per line is fine,
     and its sentences have no ``tags``).
 
-    Columns are split on whitespace; every token line of a file must have as many columns as the
+    Columns are split on ASCII whitespace (a no-break space stays inside its token); every token line of a file must have as many columns as the
     first one. Blank lines end sentences (several in a row are one break); ``-DOCSTART-`` lines are
     document markers, not words. ``location`` is ``path:line`` of the sentence's first token.
     """
@@ -60,7 +65,10 @@ def read_conll(
                 # A byte-order mark (files saved by Windows editors) is not part of the first token: left
                 # in, "\ufeff-DOCSTART-" became a one-word sentence of training and evaluation data.
                 line = line.removeprefix("\ufeff")
-            columns = line.split()
+            # ASCII whitespace only: str.split() also cuts at a no-break space inside a token ("10\u00a0000" in
+            # French or German data), which then read as one column too many.
+            stripped = line.strip(_ASCII_SPACE)
+            columns = _COLUMN_SEPARATOR.split(stripped) if stripped else []
             if not columns:
                 flush()
                 continue

@@ -187,6 +187,15 @@ def test_ner_read_conll_ignores_a_byte_order_mark_and_crlf_line_ends(tmp_path):
     assert [s["location"] for s in sentences] == [f"{path}:3", f"{path}:8"]
 
 
+def test_ner_read_conll_keeps_a_no_break_space_inside_its_token(tmp_path):
+    # str.split() also cut at the no-break space of "10\u00a0000": one column too many, and the file was refused.
+    path = tmp_path / "french.conll"
+    path.write_text("Il\tO\n10\u00a0000\tO\neuros\tO\n \t \nParis\u00a0Nord B-LOC\n", encoding="utf-8")
+    sentences = read_conll(path)
+    assert [s["tokens"] for s in sentences] == [["Il", "10\u00a0000", "euros"], ["Paris\u00a0Nord"]]
+    assert [s["tags"] for s in sentences] == [["O", "O", "O"], ["B-LOC"]]
+
+
 def test_ner_predict_reads_a_conll_file_of_tokens_without_tags(tmp_path):
     """Text to tag often comes one token per line: predict takes it (train files still need a tag column)."""
     path = _write(tmp_path / "test.conll", "-DOCSTART-\n\nPeter\nBlackburn\n\nRome\n")
