@@ -18,6 +18,7 @@ artifacts, ``bertpipe predict``'s output, ``merged/`` and exports.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from pipelines.errors import OutputDirError
 
@@ -170,21 +171,46 @@ def writing_atomically(path: Path) -> Iterator[TextIO]:
     """A text file (UTF-8, newlines as written) whose contents become ``path`` in one rename once the block
     has ended without an error; until then, and after an error, ``path`` is as it was and nothing is left
     beside it. For a file written piece by piece (``bertpipe predict``'s rows)."""
-    temporary = path.with_name(path.name + ".tmp")
+    path = _link_target(path)
+    temporary = None
     try:
-        with open(temporary, "w", encoding="utf-8", newline="") as handle:
+        temporary, handle = open_beside(path, "w", encoding="utf-8", newline="")
+        with handle:
             yield handle
             handle.flush()
             # Renamed before its contents reach the disk, a power loss could leave an empty file under the name.
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException as error:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
         # A failed write() carries no file name: the message would not say which file.
         if isinstance(error, OSError) and not error.filename:
             error.filename = str(path)
         raise
+
+
+def open_beside(path: Path, mode: str, **options: Any) -> tuple[Path, IO]:
+    """A new file beside ``path`` to be renamed over it: ``NAME.tmp``, or ``NAME.1.tmp``, ... where that
+    exists. Created exclusively: a file of that name already there (the user's own, or a predict input
+    named like the output's temporary) was overwritten and then deleted."""
+    for attempt in range(1000):
+        temporary = path.with_name(f"{path.name}.tmp" if attempt == 0 else f"{path.name}.{attempt}.tmp")
+        try:
+            return temporary, open(temporary, mode.replace("w", "x"), **options)
+        except FileExistsError:
+            continue
+        except OSError:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)  # this call's, if any: "x" refuses a file already there
+            raise
+    raise FileExistsError(errno.EEXIST, "no free temporary name beside it", str(path))
+
+
+def _link_target(path: Path) -> Path:
+    """A symbolic link's target, which a rename over the link would leave as it was (the link replaced by a file)."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def json_safe(value: Any) -> Any:

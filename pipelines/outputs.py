@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from pipelines.atomic_writes import json_safe, replacing_files, write_text_atomically
+from pipelines.atomic_writes import json_safe, open_beside, replacing_files, write_text_atomically
 from pipelines.config import RunConfig
 from pipelines.config_loading import read_yaml
 from pipelines.errors import OutputDirError
@@ -324,7 +324,8 @@ def plot_training_curves(records: list[dict[str, Any]], path: str | Path) -> Pat
 def save_figure(figure, path: Path, **savefig_options) -> None:
     """``figure`` as an image file (its format from the suffix), written beside and renamed over: a resumed
     run or a sweep redraws its plots, and a kill mid-write left a truncated image that publish uploads."""
-    temporary = path.with_name(path.name + ".tmp")
+    temporary, handle = open_beside(path, "wb")
+    handle.close()  # created for this figure alone: savefig writes over it by name
     try:
         figure.savefig(temporary, dpi=100, format=path.suffix.lstrip(".") or "png", **savefig_options)
         os.replace(temporary, path)

@@ -160,3 +160,36 @@ def test_run_files_checkpoint_state_is_on_disk_before_its_rename_and_keeps_nan(t
     # Lossless, unlike metrics.json's strict JSON: a NaN read back as null would break the resumed loop's sums.
     read = TrainerState.read(folder)
     assert math.isnan(read.best_metric) and math.isnan(read.log_history[0]["loss"])
+
+
+# ----- the temporary file beside ------------------------------------------------------------------
+def test_run_files_written_beside_never_touch_a_file_named_like_the_temporary(tmp_path):
+    # predict --output answers.jsonl wrote through answers.jsonl.tmp: a file of that name (the user's notes, or
+    # predict's own --input) was overwritten and then deleted.
+    from pipelines.atomic_writes import write_text_atomically
+    from pipelines.outputs import save_figure
+
+    notes = tmp_path / "answers.jsonl.tmp"
+    notes.write_text("precious notes")
+    write_text_atomically(tmp_path / "answers.jsonl", '{"answer": "x"}\n')
+    assert (tmp_path / "answers.jsonl").read_text() == '{"answer": "x"}\n' and notes.read_text() == "precious notes"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["answers.jsonl", "answers.jsonl.tmp"]
+
+    from matplotlib.figure import Figure
+
+    (tmp_path / "curves.png.tmp").write_text("mine")
+    save_figure(Figure(), tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG") and (tmp_path / "curves.png.tmp").read_text() == "mine"
+
+
+def test_run_files_written_through_a_symbolic_link_replace_its_target_and_keep_the_link(tmp_path):
+    from pipelines.atomic_writes import write_text_atomically
+
+    target = tmp_path / "predictions" / "2026-12-03.jsonl"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "latest.jsonl"
+    link.symlink_to(target)
+    write_text_atomically(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    assert sorted(path.name for path in target.parent.iterdir()) == ["2026-12-03.jsonl"]

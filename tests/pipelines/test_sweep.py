@@ -287,7 +287,7 @@ def test_sweep_best_yaml_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
     def disk_full_at_best_yaml(file, mode="r", *args, **kwargs):
         handle = real_open(file, mode, *args, **kwargs)  # opened for writing: truncated
-        if "w" in mode and Path(file).name.startswith("best.yaml"):
+        if any(flag in mode for flag in "wx") and Path(file).name.startswith("best.yaml"):
             handle.close()
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return handle
