@@ -98,7 +98,8 @@ def read_conll(
 def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """``.jsonl`` (one object a line) or ``.json`` (a list of objects) -> rows with a ``location``."""
     with naming_undecodable({"input": [path]}, encoding):
-        text = path.read_text(encoding=encoding)
+        # A byte-order mark (Windows editors write one) is not JSON: json refused the file's first line.
+        text = path.read_text(encoding=encoding).removeprefix("\ufeff")
     if path.suffix.lower() == ".jsonl":
         return [{**row, "location": f"{path}:{number}"} for number, row in json_records(text, path)]
     try:

@@ -2,7 +2,7 @@
 
 In:  a local file, the official nested SQuAD JSON (``data[].paragraphs[].qas[]``, ``is_impossible``
      honoured), a JSON list of flat rows or jsonl of flat rows, the format read from the content;
-     or one Hub row. Answers come as ``{text: [...], answer_start: [...]}`` or a list of
+     parquet of flat rows; or one Hub row. Answers come as ``{text: [...], answer_start: [...]}`` or a list of
      ``{text, answer_start}`` dicts.
 Out: flat rows ``id, title, context, question, answers = {text: [...], answer_start: [...]}``
      (:data:`EXAMPLE_FEATURES`) and their ``Dataset``; an empty ``answers.text`` list (blank texts
@@ -16,9 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow
+import pyarrow.parquet
 from datasets import Dataset, Features, Sequence as SequenceFeature, Value
 
-from pipelines.errors import DataError
+from pipelines.errors import DataError, describe
 from pipelines.files import json_records, naming_undecodable
 from tasks.qa.decoding import is_invisible
 
@@ -105,12 +107,16 @@ def flatten_squad_json(document: dict[str, Any], source: str) -> list[dict[str, 
 
 
 def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
-    """Nested SQuAD JSON, a JSON list of flat rows, or jsonl of flat rows: detected from the content."""
+    """Nested SQuAD JSON, a JSON list of flat rows, or jsonl of flat rows (detected from the content), or
+    parquet of flat rows."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"file {path} does not exist")
+    if path.suffix.lower() == ".parquet":
+        return [flat_row(row, f"{path}: row {index + 1}", str(index)) for index, row in enumerate(_parquet_rows(path))]
     with naming_undecodable({"input": [path]}, encoding):
-        text = path.read_text(encoding=encoding)
+        # A byte-order mark (Windows editors write one) is not JSON: json.loads refused the whole file.
+        text = path.read_text(encoding=encoding).removeprefix("\ufeff")
     if not text.strip():
         raise DataError(f"{path} is empty")
     document: Any = None
@@ -127,6 +133,13 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
         return [flat_row(document, f"{path}: line 1", "0")]
     # Neither one JSON document nor nested SQuAD: JSON lines, one flat row each.
     return [flat_row(row, f"{path}: line {number}", str(index)) for index, (number, row) in enumerate(json_records(text, path))]
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        return pyarrow.parquet.read_table(path).to_pylist()
+    except (pyarrow.ArrowException, OSError) as error:
+        raise DataError(f"{path} cannot be read as parquet: {describe(error)}") from error
 
 
 def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:

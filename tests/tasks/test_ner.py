@@ -216,6 +216,15 @@ def test_ner_rows_of_json_and_parquet_files_count_from_1_as_every_other_message_
     assert [row["location"] for row in read_json_rows(listed)] == [f"{listed}, record 1"]
 
 
+def test_ner_read_json_rows_takes_a_byte_order_mark(tmp_path):
+    # json refused the first line ("Unexpected UTF-8 BOM") of a file a Windows editor saved.
+    for name, text in (("rows.jsonl", json.dumps({"tokens": ["Rome"], "ner_tags": ["B-LOC"]}) + "\n"),
+                       ("rows.json", json.dumps([{"tokens": ["Rome"], "ner_tags": ["B-LOC"]}]))):
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8-sig")
+        assert [(row["tokens"], row["ner_tags"]) for row in read_json_rows(path)] == [(["Rome"], ["B-LOC"])]
+
+
 def test_ner_read_conll_wrong_column_count_names_file_and_line(tmp_path):
     path = tmp_path / "bad.conll"
     path.write_text(CONLL.replace("rejects VBZ B-VP O", "rejects VBZ O"))

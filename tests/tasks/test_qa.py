@@ -90,6 +90,27 @@ def test_qa_reader_takes_is_impossible_only_as_a_boolean(tmp_path):
             read_squad_file(path)
 
 
+def test_qa_reader_takes_a_byte_order_mark_and_parquet_rows(tmp_path):
+    # A BOM made json refuse the file ("Unexpected UTF-8 BOM"); a parquet file was decoded as text (a traceback).
+    import pandas
+
+    rows = [{"id": "a", "question": "who met bob?", "context": "alice met bob", "answers": {"text": ["alice"], "answer_start": [0]}},
+            {"id": "b", "question": "who met ann?", "context": "carl met ann", "answers": {"text": ["carl"], "answer_start": [0]}}]
+    jsonl, nested, table = tmp_path / "flat.jsonl", tmp_path / "nested.json", tmp_path / "flat.parquet"
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8-sig")
+    nested.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "alice met bob", "qas": [
+        {"id": "a", "question": "who met bob?", "answers": [{"text": "alice", "answer_start": 0}]}]}]}]}), encoding="utf-8-sig")
+    pandas.DataFrame(rows).to_parquet(table)
+    assert [row["answers"]["text"] for row in read_squad_file(jsonl)] == [["alice"], ["carl"]]
+    assert read_squad_file(nested)[0]["answers"] == {"text": ["alice"], "answer_start": [0]}
+    read = read_squad_file(table)
+    assert [(row["id"], row["context"], row["answers"]) for row in read] == [(row["id"], row["context"], row["answers"]) for row in rows]
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 not a table")
+    with pytest.raises(DataError, match=rf"{re.escape(str(broken))} cannot be read as parquet"):
+        read_squad_file(broken)
+
+
 def test_qa_reader_honours_the_encoding(tmp_path):
     document = {"data": [{"title": "T", "paragraphs": [{"context": "Zoë met Bob", "qas": [
         {"id": "a", "question": "who met Bob?", "answers": [{"text": "Zoë", "answer_start": 0}]}]}]}]}
