@@ -38,13 +38,23 @@ def _named_source(name_or_path: str, key: str) -> str:
     return f"{key}={name_or_path}"
 
 
-def load_tokenizer(name_or_path: str, revision: str | None = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str, revision: str | None = None, *, require_fast: bool = True) -> PreTrainedTokenizerBase:
+    """The tokenizer at ``name_or_path`` (Hub id, mirror id or folder). ``require_fast``: tasks that read offsets
+    and ``word_ids()`` need a fast one; translation takes Marian's sentencepiece-only tokenizer too."""
     location = resolve_model(name_or_path)
     where = _named_source(name_or_path, "model.tokenizer_name_or_path (or model.name_or_path)")
     with failures_named(ModelError, f"{where}: cannot load a tokenizer from {location}"):
         tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
-    if not tokenizer.is_fast:
+    if require_fast and not tokenizer.is_fast:
         raise ModelError(f"tokenizer of {name_or_path!r} is not a fast tokenizer; bertpipe needs offsets and word_ids()")
+    # A folder without its tokenizer files (weights copied alone, a model-only Hub repo) still loads: transformers
+    # builds the family's tokenizer from config.json with an empty vocabulary, and every word reads as unknown.
+    if not set(tokenizer.get_vocab()) - set(tokenizer.all_special_tokens) - set(tokenizer.get_added_vocab()):
+        raise ModelError(
+            f"{where}: {location} holds no tokenizer vocabulary, only the special tokens {tokenizer.all_special_tokens}: its "
+            "tokenizer files (tokenizer.json, vocab.txt, ...) are missing, and every word would read as "
+            f"{tokenizer.unk_token or 'unknown'}. Copy them into the folder, or set model.tokenizer_name_or_path"
+        )
     return tokenizer
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import warnings
 
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel, PreTrainedModel
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderModel, PreTrainedModel
 
 from pipelines.config import ConfigError
 from pipelines.errors import ModelError
 from pipelines.hub import resolve_model
-from pipelines.modeling import apply_dropout, load_model, usable_positions
+from pipelines.modeling import apply_dropout, load_model, load_tokenizer, usable_positions
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
     check_decoder_config,
@@ -86,9 +86,8 @@ class TranslationModelBuilding:
         self._plan(model_path)
         model = self.config.model
         source = model_path or model.tokenizer_name_or_path or (self._sources()[0] if self.warm_start else model.name_or_path)
-        location = source if model_path else resolve_model(source)
         # No fast-tokenizer requirement here: translation needs no offsets, and Marian's is sentencepiece only.
-        tokenizer = AutoTokenizer.from_pretrained(location, revision=None if model_path else model.revision)
+        tokenizer = load_tokenizer(source, None if model_path else model.revision, require_fast=False)
         self._set_language_codes(tokenizer, source)
         if tokenizer.pad_token_id is None:
             raise ModelError(f"tokenizer of {source!r} has no pad token; translation batches need one")

@@ -418,6 +418,17 @@ def test_faults_predict_and_evaluate_on_an_unfinished_run(refused, run_copy, tmp
         refused(*command, needles=[str(run_copy), "no finished run", "resume_from_checkpoint=latest"])
 
 
+def test_faults_predict_and_evaluate_on_a_run_without_its_tokenizer_files(refused, run_copy, tmp_path):
+    # Weights copied alone: transformers built a tokenizer of the 5 special tokens from config.json, every word read
+    # as [UNK], and both commands exited 0 with meaningless predictions and metrics.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (run_copy / name).unlink()
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good"}])
+    for command in (["predict", run_copy, "--input", inputs, "--output", tmp_path / "o.jsonl"], ["evaluate", run_copy]):
+        refused(*command, needles=[f"{run_copy} holds no tokenizer vocabulary", "every word would read as [UNK]"])
+    assert not (tmp_path / "o.jsonl").exists() and not (run_copy / "eval_validation.json").exists()
+
+
 def test_faults_predict_and_evaluate_on_a_checkpoint_name_its_run(refused, run_copy, tmp_path):
     # A checkpoint's config.yaml names the run's output_dir: "resume from this folder's config" would
     # point back at the run, so the message names the run instead.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -464,6 +465,21 @@ def test_translation_marian_config_trains_a_tiny_marian(tmp_path):
     generation = json.loads((tmp_path / "run" / "generation_config.json").read_text())
     assert generation["num_beams"] == 2 and generation["max_new_tokens"] == 5
     assert len((tmp_path / "run" / "generations.jsonl").read_text().splitlines()) == 5
+
+
+def test_translation_checkpoint_without_its_tokenizer_files_is_refused_naming_it(tmp_path, tiny_bert):
+    # Weights and config.json alone: a BERT2BERT warm start built a tokenizer of the special tokens (every word read
+    # as [UNK], and training went on); a Marian checkpoint ended in a TypeError traceback.
+    bert = Path(shutil.copytree(tiny_bert, tmp_path / "bert"))
+    marian = build_tiny_marian(tmp_path / "marian")
+    for folder in (bert, marian):
+        for path in folder.iterdir():
+            if path.name not in ("config.json", "model.safetensors", "generation_config.json"):
+                path.unlink()
+    with pytest.raises(ModelError, match=rf"{re.escape(str(bert))} holds no tokenizer vocabulary.*every word would read as \[UNK\]"):
+        make_task(tmp_path, bert).build_tokenizer(None)
+    with pytest.raises(ModelError, match=rf"cannot load a tokenizer from {re.escape(str(marian))}"):
+        make_task(tmp_path, marian).build_tokenizer(None)
 
 
 def test_translation_configs_load():
