@@ -223,15 +223,25 @@ class NerTask(TaskBase):
             # Tags are not read: text to tag often comes one token per line, with no tag column at all.
             rows = read_conll(path, token_column=self.options.conll_token_column, tag_column=None, encoding=self.config.data.encoding)
             return Dataset.from_dict({"tokens": [r["tokens"] for r in rows], "location": [r["location"] for r in rows]})
-        inputs = read_inputs(path, encoding=self.config.data.encoding)
+        inputs = read_inputs(path, encoding=self.config.data.encoding, text_columns=["text"])
         if self.tokens_column in inputs.column_names:
-            tokens = [list(words) for words in inputs[self.tokens_column]]
+            tokens = inputs[self.tokens_column]
             for index, words in enumerate(tokens):
-                if any(not isinstance(word, str) for word in words):
-                    raise DataError(f"{path}, row {index + 1}: {self.tokens_column!r} must be a list of strings")
+                # A string was read as its characters (one-letter words and entities), and a row of 'text'
+                # among rows of token lists (its tokens null) ended in a TypeError.
+                if not isinstance(words, list) or any(not isinstance(word, str) for word in words):
+                    raise DataError(
+                        f"{path}, row {index + 1}: {self.tokens_column!r} must be a list of strings, not {words!r} (every row of "
+                        f"an input gives a {self.tokens_column!r} word list, or every row a 'text' string)"
+                    )
             return Dataset.from_dict({"tokens": tokens, "location": [f"{path}, row {i + 1}" for i in range(len(tokens))]})
         if "text" not in inputs.column_names:
             raise DataError(f"{path}: each input needs a 'text' string or a {self.tokens_column!r} word list; found {inputs.column_names}")
+        feature = inputs.features["text"]
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null")):
+            kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
+            raise DataError(f"{path}: 'text' holds {kind} values, not text (give each input a 'text' string, or a "
+                            f"{self.tokens_column!r} word list)")
         texts = [text or "" for text in inputs["text"]]
         words = [split_words(text) for text in texts]
         if not any(words):

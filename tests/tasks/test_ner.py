@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -214,6 +215,25 @@ def test_ner_rows_of_json_and_parquet_files_count_from_1_as_every_other_message_
         task.load_inputs(str(inputs))
     listed = _write(tmp_path / "listed.json", json.dumps([{"tokens": ["Rome"], "ner_tags": ["B-LOC"]}]))
     assert [row["location"] for row in read_json_rows(listed)] == [f"{listed}, record 1"]
+
+
+def test_ner_predict_inputs_of_the_wrong_kind_are_refused_naming_the_row_and_csv_text_is_read_as_written(tmp_path):
+    # A tokens string was read as its letters (one-letter entities, exit 0); a text number or list, and a row of text
+    # among rows of tokens, ended in a TypeError traceback; a csv text of digits was read as a number.
+    task = _task(tmp_path, {"train": _write(tmp_path / "train.txt", CONLL)})
+    cases = [
+        ("string.jsonl", json.dumps({"tokens": "Alice lives in Paris"}) + "\n", r", row 1: 'tokens' must be a list of strings, not 'Alice"),
+        ("mixed.jsonl", json.dumps({"tokens": ["Alice", "lives"]}) + "\n" + json.dumps({"text": "Bob works"}) + "\n",
+         r", row 2: 'tokens' must be a list of strings, not None \(every row of an input gives a 'tokens' word list, or every row a 'text'"),
+        ("number.jsonl", json.dumps({"text": 5}) + "\n", r": 'text' holds int64 values, not text"),
+        ("list.jsonl", json.dumps({"text": ["Alice", "lives"]}) + "\n", r": 'text' holds List values, not text"),
+    ]
+    for name, content, message in cases:
+        inputs = _write(tmp_path / name, content)
+        with pytest.raises(DataError, match=re.escape(str(inputs)) + message):
+            task.load_inputs(str(inputs))
+    digits = _write(tmp_path / "years.csv", "text\n007 Bond\n1996\n")
+    assert task.load_inputs(str(digits))["tokens"] == [["007", "Bond"], ["1996"]]
 
 
 def test_ner_read_json_rows_takes_a_byte_order_mark(tmp_path):
