@@ -125,7 +125,8 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
             document = json.loads(text)
         except json.JSONDecodeError:
             document = None  # several objects: jsonl
-    if isinstance(document, dict) and "data" in document:
+    # A flat row may carry a field named "data" of its own (one row: the file is one JSON object, as a nested file is).
+    if isinstance(document, dict) and "data" in document and not {"question", "context"} <= document.keys():
         return flatten_squad_json(document, str(path))
     if isinstance(document, list):
         return [flat_row(row, f"{path}: item {i + 1}", str(i)) for i, row in enumerate(document)]

@@ -111,6 +111,13 @@ def test_qa_reader_takes_a_byte_order_mark_and_parquet_rows(tmp_path):
         read_squad_file(broken)
 
 
+def test_qa_reader_takes_a_single_flat_row_with_a_data_field_as_a_row(tmp_path):
+    # It was taken for nested SQuAD JSON and refused ("needs a 'data' list of articles"); two such rows were read.
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"id": "q", "question": "who met bob?", "context": "alice met bob", "data": "source 7"}) + "\n")
+    assert [(row["id"], row["question"]) for row in read_squad_file(path)] == [("q", "who met bob?")]
+
+
 def test_qa_reader_honours_the_encoding(tmp_path):
     document = {"data": [{"title": "T", "paragraphs": [{"context": "Zoë met Bob", "qas": [
         {"id": "a", "question": "who met Bob?", "answers": [{"text": "Zoë", "answer_start": 0}]}]}]}]}
