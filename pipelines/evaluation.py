@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
 from pipelines.config import DataConfig, RunConfig
 from pipelines.data import split_source
 from pipelines.errors import ModelError, OutputDirError, failures_named
-from pipelines.files import read_inputs
+from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
 from pipelines.onnx_model import export_precision, is_export_dir
 from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key
@@ -177,6 +177,8 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     check_prediction_output(run_dir, input_path, output_path, data=config.data)
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     examples = task.load_inputs(input_path)
+    # Read before the forward pass: a column the output cannot carry fails now, not after minutes of predicting.
+    carried = carried_input_columns(input_path, task.input_columns(), config.data.encoding)
     features = task.preprocess(examples, train=False, inputs=True)
     check_sequence_lengths(model.config, features, where=f"--input {input_path}")
     loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir))
@@ -185,7 +187,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
         accelerator, model, loader, task, order=sampler.order, description="predict", mixed_precision=accelerator.mixed_precision != "no"
     )
     predictions = task.postprocess(outputs, features, examples)
-    rows = with_input_columns(task.format_predictions(predictions, examples), input_path, task.input_columns(), config.data.encoding)
+    rows = with_input_columns(task.format_predictions(predictions, examples), carried, input_path)
     if accelerator.is_main_process:
         output = Path(output_path)
         with failures_named(OutputDirError, f"--output {output_path}"):
@@ -198,39 +200,6 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
 
 # Inputs whose rows are rows of one table. Not .json (a nested SQuAD file is one object, not rows), .txt
 # (its one column is the text) or .conll (words and tags only).
-_TABLE_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet")
-
-
-def with_input_columns(rows: list[dict[str, Any]], input_path: str, read_columns: Iterable[str], encoding: str) -> list[dict[str, Any]]:
-    """Each prediction row followed by its input row's other columns (an ``id``, a gold label, a date),
-    so predictions join back to the data they came from.
-
-    The columns the task reads (the text, under whatever name) are left out, as is any column named like
-    a field of the prediction (the prediction wins; one warning names it). Every task writes one
-    prediction row per row of a table input, in order.
-    """
-    suffix = Path(input_path).suffix.lower()
-    if suffix not in _TABLE_SUFFIXES:
-        return rows
-    read_columns = set(read_columns)
-    table = read_inputs(input_path, encoding=encoding)
-    carried = [name for name in table.column_names if name not in read_columns]
-    if not carried:
-        return rows
-    if suffix in (".csv", ".tsv"):
-        # A csv cell has no type: an id "007" is copied as written, not as pandas' guess, the number 7.
-        table = read_inputs(input_path, encoding=encoding, text_columns=carried)
-    if len(table) != len(rows):
-        raise RuntimeError(f"{len(rows)} predictions for the {len(table)} rows of {input_path}: a task must predict each row once")
-    fields = {field for row in rows for field in row}
-    clashing = sorted(name for name in carried if name in fields)
-    if clashing:
-        logger.warning("%s: column(s) %s share names with prediction fields and are not copied into the output; rename them to keep them",
-                       input_path, clashing)
-    values = {name: table[name] for name in carried if name not in fields}
-    return [{**row, **{name: column[index] for name, column in values.items()}} for index, row in enumerate(rows)]
-
-
 def check_prediction_output(run_dir: str, input_path: str, output_path: str, *, data: DataConfig | None = None) -> None:
     """Refuse an ``--output`` that would overwrite the input, a folder, a file the run needs, or a file of
     the run's ``data.files``."""
