@@ -145,6 +145,9 @@ def _eval_batch_size(config: RunConfig, task: Task, accelerator, model, features
 def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str = "fp32") -> dict[str, float]:
     """Evaluate a finished run on ``data.eval_split``; writes ``eval_<split>.json`` beside the model."""
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
+    # An export computes in its own precision (int8), whatever this process's accelerator was built with; read
+    # before the evaluation, so that an unreadable export.json is refused before minutes of it.
+    inference_precision = export_precision(run_dir) if is_export_dir(run_dir) else _precision_name(accelerator.mixed_precision)
     with accelerator.main_process_first():
         examples = task.load(include_train=False)[config.data.eval_split]
         features = task.preprocess(examples, train=False)
@@ -159,8 +162,7 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
         accelerator, model, loader, task, features, examples, order=sampler.order, mixed_precision=accelerator.mixed_precision != "no"
     )
     # Not "eval_precision": that is a task's own metric (NER's entity precision), which it would overwrite.
-    # An export computes in its own precision (int8), whatever this process's accelerator was built with.
-    metrics["inference_precision"] = export_precision(run_dir) if is_export_dir(run_dir) else _precision_name(accelerator.mixed_precision)
+    metrics["inference_precision"] = inference_precision
     metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
     metrics["num_processes"] = accelerator.num_processes
     if accelerator.is_main_process:

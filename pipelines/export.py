@@ -17,7 +17,10 @@ Out: an export directory that ``bertpipe predict`` and ``bertpipe evaluate`` acc
        The max |Δ| is measured on these inputs; it is not a bound for other inputs.
 
 A model that picks its attention by input length in Python (BigBird: block-sparse above a threshold,
-full below) is exported only when the run's ``data.max_seq_length`` keeps every input on one side.
+full below) is exported only when the run's ``data.max_seq_length`` keeps every input on one side. A
+model whose written graph lacks the dynamic axes is refused (Funnel: torch.export fixes its sequence
+axis, and torch.onnx.export then returns a graph of the sample's shape without an error), as is one
+the exporter fails on (Longformer, XLNet).
 
 Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export + onnxscript). The legacy TorchScript
 tracer also runs on transformers 5 but warns that it freezes Python booleans computed from tensors
@@ -71,6 +74,8 @@ _FLOAT_COMPUTE_OPS = ("MatMul", "Gemm", "Gather", "Attention", "LayerNormalizati
 # refused the int8 graph ("Unrecognized attribute: is_causal for operator QAttention"), and QKᵀ's
 # activations, which stay fp32 at every other opset, would have been quantised.
 INT8_OP_TYPES = ("MatMul", "Gather")
+# The names of the dynamic axes 0 and 1 of every input, which the written graph keeps as its dim_params.
+DYNAMIC_AXES = ("batch", "sequence")
 
 
 class ExportError(ValueError):
@@ -155,7 +160,7 @@ def _onnx_inputs(model: torch.nn.Module, tokenizer, batch: dict[str, torch.Tenso
 def export_onnx(model: torch.nn.Module, sample: dict[str, torch.Tensor], input_names: list[str], output_names: tuple[str, ...], path: Path, *, opset: int) -> None:
     from torch.export import Dim
 
-    batch, sequence = Dim("batch"), Dim("sequence")
+    batch, sequence = (Dim(name) for name in DYNAMIC_AXES)
     wrapped = _PositionalOutputs(model.eval(), input_names, output_names)
     args = tuple(sample[name] for name in input_names)
     # The graph is built at the exporter's own opset and converted to the one asked for; a failed
@@ -170,13 +175,21 @@ def export_onnx(model: torch.nn.Module, sample: dict[str, torch.Tensor], input_n
                 # One entry for the ``*inputs`` parameter, holding one spec per input.
                 dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in input_names),), verbose=False,
             )
-        except Exception as error:  # torch.export cannot trace the model (Longformer: shapes that depend on the data)
+        except Exception as error:
+            # torch.export cannot trace the model (Longformer: shapes that depend on the data), or its graph
+            # cannot be decomposed into ONNX ops (XLNet: ``1.0 - attention_mask``); the exporter's own message
+            # is about aten overloads, not about the model, so it comes second.
             raise ExportError(
-                f"the {model.config.model_type} model of this run cannot be traced for ONNX with dynamic batch and sequence "
-                f"axes: {describe(error)}"
+                f"the {model.config.model_type} model of this run cannot be exported to ONNX: torch.onnx.export fails on its "
+                f"graph with dynamic batch and sequence axes (docs/edge.md lists the families it refuses). The exporter "
+                f"said: {describe(error)}"
             ) from error
     program.save(str(path), external_data=False)
-    written = _default_domain_opset(path)
+    import onnx
+
+    written_model = onnx.load(str(path), load_external_data=False)
+    _check_dynamic_axes(written_model.graph, model.config.model_type)
+    written = _default_domain_opset(written_model)
     if written != opset:
         raise ExportError(
             f"--opset {opset}: the exporter could not convert the graph to opset {opset} (it stayed at {written}); "
@@ -198,11 +211,30 @@ def _quiet_loggers(*names: str) -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _default_domain_opset(path: Path) -> int | None:
-    import onnx
+def _check_dynamic_axes(graph, model_type: str) -> None:
+    """Refuse a graph whose inputs do not all have the ``batch`` and ``sequence`` axes asked for.
 
-    imports = onnx.load(str(path), load_external_data=False).opset_import
-    return next((entry.version for entry in imports if entry.domain in ("", "ai.onnx")), None)
+    When the model fixes an axis that was asked to be dynamic, torch.export raises, but torch.onnx.export
+    then exports again with the fix torch.export suggests (``sequence = 9``) and returns, without an error,
+    a graph of that one shape: Funnel's export claimed dynamic axes in export.json and failed on every other
+    length. A suggested fix can also narrow an axis to a derived one (``2*_sequence - 1``), so only the two
+    names asked for count as dynamic."""
+    fixed = {}
+    for node in graph.input:
+        dims = [dim.dim_param or (dim.dim_value if dim.HasField("dim_value") else "?") for dim in node.type.tensor_type.shape.dim]
+        if tuple(dims[:2]) != DYNAMIC_AXES:
+            fixed[node.name] = dims
+    if fixed:
+        shapes = ", ".join(f"{name} [{', '.join(str(dim) for dim in dims)}]" for name, dims in fixed.items())
+        raise ExportError(
+            f"the {model_type} model of this run cannot be exported to ONNX: the exported graph has fixed shapes ({shapes}), "
+            "not dynamic batch and sequence axes, since torch.export specialised them to the traced sample's, and it would "
+            "serve inputs of that shape only (docs/edge.md lists the families this happens to)"
+        )
+
+
+def _default_domain_opset(model) -> int | None:
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
 
 
 def quantize_int8(source: Path, destination: Path, *, per_channel: bool) -> None:
@@ -355,9 +387,10 @@ def export_run(
             "model_type": model.config.model_type, "num_hidden_layers": getattr(model.config, "num_hidden_layers", None),
             "format": "onnx", "exporter": f"torch.onnx.export(dynamo=True), torch {torch.__version__}",
             "opset": _opset_of(fp32_path), "inputs": input_names, "outputs": list(output_names),
-            "dynamic_axes": {"0": "batch", "1": "sequence"}, "precision": "fp32",
+            "dynamic_axes": {str(axis): name for axis, name in enumerate(DYNAMIC_AXES)}, "precision": "fp32",
         }
-        fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference, threshold, rows, batchings)
+        fp32_parity = _parity(fp32_session, batches, masks, input_names, output_names, reference, threshold, rows, batchings,
+                              what=f"the exported graph of the {model.config.model_type} model")
         summary["parity"] = {
             "against": "torch fp32", "eval_split": config.data.eval_split, "examples": example_count,
             "features": len(batchings["one_at_a_time"]), "batch_size": config.train.eval_batch_size_or_default,
@@ -378,7 +411,8 @@ def export_run(
                 path = staging / f"model.int8.{'channel' if per_channel else 'tensor'}.onnx"
                 quantize_int8(fp32_path, path, per_channel=per_channel)
                 session = _session_or_error(path, "the int8 graph", opset, ort, quantized=True)
-                variants[per_channel] = (path, _parity(session, batches, masks, input_names, output_names, reference, threshold, rows, batchings))
+                variants[per_channel] = (path, _parity(session, batches, masks, input_names, output_names, reference, threshold, rows, batchings,
+                                                       what=f"the int8 graph of the {model.config.model_type} model"))
             # NaN compares False with everything: a variant with NaN outputs must lose, not win by default.
             diff_of = {key: np.nan_to_num(variant[1]["max_abs_diff"], nan=np.inf) for key, variant in variants.items()}
             per_channel = bool(diff_of[True] <= diff_of[False])
@@ -486,12 +520,19 @@ def _session_or_error(path: Path, what: str, opset: int, ort, *, quantized: bool
         ) from error
 
 
-def _parity(session, batches, masks, input_names, output_names, reference, multi_label_threshold, rows, batchings) -> dict[str, Any]:
+def _parity(session, batches, masks, input_names, output_names, reference, multi_label_threshold, rows, batchings, *, what: str) -> dict[str, Any]:
     """The session against ``reference`` over every batch of every batching (``rows``: each batch's feature
     indices), with the max |Δ| of each batching as well."""
     candidate = []
     for batch in batches:
-        values = session.run(list(output_names), {name: batch[name].numpy().astype(np.int64) for name in input_names})
+        feed = {name: batch[name].numpy().astype(np.int64) for name in input_names}
+        try:
+            values = session.run(list(output_names), feed)
+        except Exception as error:  # onnxruntime's errors (InvalidArgument, Fail, ...) derive from Exception only
+            # A graph that loads but refuses an input (a fixed axis the check after export did not see) or
+            # fails inside an op: the export would fail the same way in predict and evaluate.
+            shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in feed.items())
+            raise ExportError(f"onnxruntime cannot run {what} on the parity inputs ({shapes}): {describe(error)}") from error
         candidate.append(dict(zip(output_names, values)))
     result = compare_outputs(reference, candidate, masks, output_names, multi_label_threshold=multi_label_threshold, feature_ids=rows)
     by_batching, start = {}, 0

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipelines.errors import ModelError
+from pipelines.errors import ModelError, failures_named
 
 EXPORT_FILE = "export.json"
 ONNX_FILE = "model.onnx"
@@ -29,7 +29,14 @@ def is_export_dir(path: str | Path) -> bool:
 
 def export_precision(path: str | Path) -> str:
     """The precision an export computes in (``fp32``, ``int8``), as ``export.json`` records it."""
-    return json.loads((Path(path) / EXPORT_FILE).read_text(encoding="utf-8"))["precision"]
+    file = Path(path) / EXPORT_FILE
+    with failures_named(ModelError, f"export directory {path}: cannot read {file}"):
+        summary = json.loads(file.read_text(encoding="utf-8"))
+    precision = summary.get("precision") if isinstance(summary, dict) else None
+    if not isinstance(precision, str) or not precision:
+        # evaluate writes it into eval_*.json as the precision the metrics were measured in.
+        raise ModelError(f"export directory {path}: {file} records no precision (its 'precision' key); export the run again")
+    return precision
 
 
 def import_onnxruntime():
@@ -75,10 +82,19 @@ class OnnxModel:
         from transformers import AutoConfig
 
         self.folder = Path(folder)
-        self.session = inference_session(self.folder / ONNX_FILE, num_threads=num_threads)
+        where = f"export directory {self.folder}"
+        # Named as a run directory's unreadable weights are (pipelines.modeling.load_model): a truncated or
+        # damaged file is the user's to replace, not a fault of bertpipe's.
+        with failures_named(ModelError, f"{where}: cannot load the model from {self.folder / ONNX_FILE}"):
+            self.session = inference_session(self.folder / ONNX_FILE, num_threads=num_threads)
         self.input_names = [node.name for node in self.session.get_inputs()]
         self.output_names = [node.name for node in self.session.get_outputs()]
-        self.config = AutoConfig.from_pretrained(self.folder)
+        self.input_shapes = {node.name: list(node.shape) for node in self.session.get_inputs()}
+        config_file = self.folder / "config.json"
+        if not config_file.is_file():
+            raise ModelError(f"{where} has no {config_file.name} (the model's config, with its label names); export the run again")
+        with failures_named(ModelError, f"{where}: cannot read the model's config from {config_file}"):
+            self.config = AutoConfig.from_pretrained(self.folder)
         self.training = False
 
     def eval(self) -> "OnnxModel":
@@ -89,8 +105,22 @@ class OnnxModel:
         if missing:
             raise ModelError(f"{self.folder / ONNX_FILE} needs inputs {missing}; the batch holds {sorted(batch)}")
         feed = {name: _as_int64(batch[name]) for name in self.input_names}
-        outputs = self.session.run(self.output_names, feed)
+        with failures_named(ModelError, self._refusal(feed)):
+            outputs = self.session.run(self.output_names, feed)
         return OnnxOutputs({name: torch.from_numpy(np.asarray(value)) for name, value in zip(self.output_names, outputs)})
+
+    def _refusal(self, feed: dict[str, np.ndarray]) -> str:
+        """What a failed run says: the folder, the shapes fed, and the graph's own shapes when they are fixed."""
+        fed = ", ".join(f"{name} {list(value.shape)}" for name, value in feed.items())
+        message = f"export directory {self.folder}: onnxruntime cannot run {ONNX_FILE} on inputs of shape {fed}"
+        fixed = {name: shape for name, shape in self.input_shapes.items() if any(isinstance(dim, int) for dim in shape[:2])}
+        if fixed:
+            # An export written before bertpipe export checked its axes (Funnel's graph came out fixed to
+            # the traced sample's shape) serves that one shape only.
+            shapes = ", ".join(f"{name} {shape}" for name, shape in fixed.items())
+            message += (f" ({ONNX_FILE} was written with fixed input shapes, {shapes}, and serves no other: export the run "
+                        "again, and bertpipe export says whether it can have dynamic batch and sequence axes)")
+        return message
 
 
 def _as_int64(value: Any) -> np.ndarray:

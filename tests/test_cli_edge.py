@@ -168,3 +168,40 @@ def test_cli_distill_teacher_of_another_task_exits_2_naming_both_tasks(setup, tm
                        naming=[str(teacher), "is a 'ner' run", "this run's task is 'classification'"])
     assert "unknown key" not in err
     assert not (tmp_path / "student").exists()
+
+
+def test_cli_predict_and_evaluate_on_a_damaged_export_exit_2_naming_the_folder_and_the_file(setup, tmp_path, capsys):
+    """A run folder with truncated weights exits 2 naming it; a damaged export folder ended in raw tracebacks: a
+    truncated model.onnx (onnxruntime's InvalidProtobuf), no config.json (transformers' "Unrecognized model"), a
+    corrupt export.json (evaluate's JSONDecodeError), and a graph of fixed input shapes, as Funnel's export was
+    written (onnxruntime's InvalidArgument on every other shape)."""
+    import onnx
+
+    export = tmp_path / "onnx"
+    assert cli("export", setup["run"], "--out", export, "--parity-samples", "2") == 0
+
+    def damaged(name: str, damage) -> tuple:
+        folder = shutil.copytree(export, tmp_path / name)
+        damage(folder)
+        return folder, {path.name: path.read_bytes() for path in folder.iterdir()}
+
+    def fix_input_shapes(folder):
+        graph = onnx.load(str(folder / "model.onnx"))
+        for node in graph.graph.input:
+            node.type.tensor_type.shape.dim[0].dim_value, node.type.tensor_type.shape.dim[1].dim_value = 1, 5
+        onnx.save(graph, str(folder / "model.onnx"))
+
+    cases = [
+        (damaged("truncated", lambda f: (f / "model.onnx").write_bytes((f / "model.onnx").read_bytes()[:1000])),
+         ("predict", "evaluate"), lambda f: ["cannot load the model from", str(f / "model.onnx"), "InvalidProtobuf"]),
+        (damaged("no-config", lambda f: (f / "config.json").unlink()), ("predict", "evaluate"), lambda f: ["has no config.json"]),
+        (damaged("bad-summary", lambda f: (f / "export.json").write_text("{")), ("evaluate",), lambda f: [f"cannot read {f / 'export.json'}"]),
+        (damaged("fixed-shapes", fix_input_shapes), ("predict",), lambda f: ["fixed input shapes", "input_ids [1, 5]", "InvalidArgument"]),
+    ]
+    for (folder, files), commands, naming in cases:
+        for command in commands:
+            output = tmp_path / f"{folder.name}.jsonl"
+            args = ["--input", setup["inputs"], "--output", output] if command == "predict" else []
+            expect_error(capsys, command, folder, *args, naming=[f"export directory {folder}", *naming(folder)])
+            assert not output.exists()
+        assert {path.name: path.read_bytes() for path in folder.iterdir()} == files, folder  # no eval_*.json beside a damaged export

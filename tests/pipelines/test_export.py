@@ -20,7 +20,7 @@ pytest.importorskip("onnxruntime")
 
 from pipelines.config_loading import load_config  # noqa: E402
 from pipelines.evaluation import predict_file  # noqa: E402
-from pipelines.export import compare_outputs, export_run  # noqa: E402
+from pipelines.export import ExportError, compare_outputs, export_run  # noqa: E402
 from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, OnnxModel  # noqa: E402
 from pipelines.outputs import load_saved_config  # noqa: E402
 from tasks import get_task  # noqa: E402
@@ -286,3 +286,49 @@ def test_export_overwrite_interrupted_as_the_new_export_moves_in_keeps_the_old_o
         export(runs["classification"], out, parity_samples=2, overwrite=True)
     assert {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["onnx"]  # no staging or set-aside folder left
+
+
+def test_export_whose_graph_comes_out_fixed_to_the_sample_shape_is_refused_and_writes_nothing(runs, tmp_path, monkeypatch):
+    """A model that reads its sequence length as a Python int (Funnel builds its relative positions from
+    ``list(range(seq_len))``) makes torch.export fix the axis; torch.onnx.export then exports again at the sample's
+    shape without an error. export.json claimed dynamic axes, and every other length failed in predict (with
+    ``--parity-samples 1``) or in the parity check (a raw onnxruntime traceback)."""
+    import pipelines.export
+
+    out = tmp_path / "onnx"
+    export(runs["classification"], out, parity_samples=2)
+    before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    forward = pipelines.export._PositionalOutputs.forward
+
+    def reads_its_length(self, *inputs):
+        list(range(inputs[0].shape[1]))  # as Funnel's position tables do
+        return forward(self, *inputs)
+
+    monkeypatch.setattr(pipelines.export._PositionalOutputs, "forward", reads_its_length)
+    # One parity example: every parity batch has the sample's shape, so only the graph's inputs tell.
+    with pytest.raises(ExportError, match=r"^the bert model of this run cannot be exported to ONNX: the exported graph has fixed "
+                                          r"shapes \(input_ids \[\w+, \d+\], .*not dynamic batch and sequence axes"):
+        export(runs["classification"], out, parity_samples=1, overwrite=True)
+    assert {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["onnx"]  # no staging folder left
+
+
+def test_export_graph_onnxruntime_cannot_run_on_the_parity_inputs_is_an_export_error(runs, tmp_path, monkeypatch):
+    """An onnxruntime failure in the parity check (a graph that loads but refuses an input's shape, an op that
+    fails) escaped as a raw traceback; it names the graph and the shapes it was fed."""
+    import pipelines.export
+
+    real_session = pipelines.export.inference_session
+
+    class RefusesTheInputs:  # onnxruntime's own refusal, of a feed with an extra axis
+        def __init__(self, path):
+            self.session = real_session(path)
+
+        def run(self, names, feed):
+            return self.session.run(names, {name: value[None] for name, value in feed.items()})
+
+    monkeypatch.setattr(pipelines.export, "inference_session", RefusesTheInputs)
+    with pytest.raises(ExportError, match=r"^onnxruntime cannot run the exported graph of the bert model on the parity inputs "
+                                          r"\(input_ids \[\d+, \d+\].*\): InvalidArgument"):
+        export(runs["classification"], tmp_path / "onnx", parity_samples=2)
+    assert list(tmp_path.iterdir()) == []
