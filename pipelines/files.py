@@ -187,22 +187,18 @@ def load_local_files(files: dict[str, str | list[str]], encoding: str, *, label:
         # a missing one, and the text "007" the number 7. Only an empty cell is missing; text stays text.
         options.update(keep_default_na=False, na_values=[""])
     if builder != "parquet":
-        # utf-8-sig reads utf-8 alike and drops a leading byte-order mark (Windows editors write one): the
-        # text reader kept it in a file's first example ("\ufeffgood film"), another input for byte-level
-        # BPE. The json and csv readers drop it themselves.
-        utf8 = codecs.lookup(encoding).name == "utf-8"
-        options["encoding"] = "utf-8-sig" if builder == "text" and utf8 else encoding
+        # The text reader kept a byte-order mark in a file's first example ("\ufeffgood film"), another input
+        # for byte-level BPE. The json and csv readers drop it themselves.
+        options["encoding"] = text_encoding(encoding) if builder == "text" else encoding
     data_files = {split: as_list(paths) for split, paths in files.items()}
     paths_by_label = {label + split: paths for split, paths in data_files.items()}
     if options.get("delimiter") == "\t":
         options["quoting"] = _tsv_quoting(paths_by_label, encoding)
     if builder == "csv":
         delimiter, quoting = options.get("delimiter", ","), options.get("quoting", csv.QUOTE_MINIMAL)
-        _check_unique_header(paths_by_label, encoding, delimiter, quoting)
-        # pandas types a column per 10,000-row chunk: a label column of numbers in the first chunk and a
-        # word in a later one was refused ("Failed to parse string"), and a column of true/false became
-        # the labels True/False. A column holding any cell that is not a number is read as written.
-        words = _columns_holding_words(paths_by_label, encoding, delimiter, quoting)
+        # A column holding any cell that is not a number is read as written: typed by pandas per chunk, a label
+        # column of numbers in the first and a word in a later one was refused, and true/false became True/False.
+        words = _csv_columns_holding_words(paths_by_label, encoding, delimiter, quoting)
         options["converters"] = {column: str for column in {*text_columns, *words} if column}
     try:
         with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
@@ -236,42 +232,32 @@ def _tsv_quoting(paths_by_label: dict[str, list[str]], encoding: str) -> int:
     return csv.QUOTE_NONE if plain else csv.QUOTE_MINIMAL
 
 
-def _check_unique_header(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str, quoting: int) -> None:
-    """A csv/tsv header naming a column twice is a DataError naming the file and column.
-
-    pandas renames the second ``text`` to ``text.1`` without a word, so the first one was read as the
-    text (or the labels) whichever the user meant.
-    """
-    for label, paths in paths_by_label.items():
-        for path in paths:
-            try:
-                with open(path, encoding="utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding, newline="") as handle:
-                    header = next(csv.reader(handle, delimiter=delimiter, quoting=quoting), [])
-            except (OSError, UnicodeError, csv.Error):
-                continue  # the read itself names the file (and the byte)
-            seen: dict[str, int] = {}
-            for number, name in enumerate(header, start=1):
-                if name.strip() and name in seen:
-                    raise DataError(
-                        f"{label}: {path}: the header names column {name!r} twice (columns {seen[name]} and {number}); "
-                        "give each column its own name"
-                    )
-                seen.setdefault(name, number)
+def text_encoding(encoding: str) -> str:
+    """The codec to read a text file in: ``utf-8-sig`` for utf-8, which reads utf-8 alike and drops a leading
+    byte-order mark (Windows editors write one; json refuses it, and a text reader keeps it in the first example)."""
+    return "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
 
 
 # What pandas reads as a number (with keep_default_na off): decimals, exponents, inf and nan.
 _NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*[+-]?(inf|infinity|nan)\s*", re.IGNORECASE)
 
 
-def _columns_holding_words(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str, quoting: int) -> set[str]:
-    """The csv/tsv columns in which some cell, in any of the files, is not a number (nor empty)."""
+def _csv_columns_holding_words(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str, quoting: int) -> set[str]:
+    """The csv/tsv columns in which some cell, in any of the files, is not a number (nor empty); a header
+    naming a column twice is a DataError naming the file and column.
+
+    pandas types a column per 10,000-row chunk (a column of numbers there and a word later was refused) and
+    renames a second ``text`` to ``text.1`` without a word (the first one was read as the text, or the labels,
+    whichever the user meant).
+    """
     words: set[str] = set()
-    for paths in paths_by_label.values():
+    for label, paths in paths_by_label.items():
         for path in paths:
             try:
-                with open(path, encoding="utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding, newline="") as handle:
+                with open(path, encoding=text_encoding(encoding), newline="") as handle:
                     rows = csv.reader(handle, delimiter=delimiter, quoting=quoting)
                     header = next(rows, [])
+                    _check_unique_header(header, f"{label}: {path}")
                     open_columns = dict(enumerate(header))
                     for row in rows:
                         for index in [index for index in open_columns if index < len(row)]:
@@ -282,6 +268,16 @@ def _columns_holding_words(paths_by_label: dict[str, list[str]], encoding: str, 
             except (OSError, UnicodeError, csv.Error):
                 continue  # the read itself names the file (and the byte or row)
     return words
+
+
+def _check_unique_header(header: list[str], where: str) -> None:
+    seen: dict[str, int] = {}
+    for number, name in enumerate(header, start=1):
+        if name.strip() and name in seen:
+            raise DataError(
+                f"{where}: the header names column {name!r} twice (columns {seen[name]} and {number}); give each column its own name"
+            )
+        seen.setdefault(name, number)
 
 
 def _tsv_kind(path: Path, encoding: str) -> str | None:

@@ -9,7 +9,6 @@ Out: each other column as the list of its rows' values in a JSON form that keeps
 from __future__ import annotations
 
 import base64
-import codecs
 import logging
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,7 +17,7 @@ import pyarrow as pa
 
 from pipelines.atomic_writes import json_safe
 from pipelines.errors import DataError
-from pipelines.files import json_records, read_inputs
+from pipelines.files import json_records, read_inputs, text_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +63,7 @@ def _json_lines_columns(input_path: str, encoding: str, names: list[str], count:
     null. The reader cannot be told to keep strings: ``datasets`` hands pyarrow no schema, and its
     ``features`` only casts the parsed timestamp back ("2024-01-02 00:00:00", not what the file said).
     """
-    utf8 = codecs.lookup(encoding).name == "utf-8"
-    text = Path(input_path).read_text(encoding="utf-8-sig" if utf8 else encoding)
+    text = Path(input_path).read_text(encoding=text_encoding(encoding))
     try:
         records = [record for _, record in json_records(text, input_path)]
     except DataError:

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from datasets import ClassLabel, Dataset
 
 from pipelines.errors import DataError
-from pipelines.files import json_records, naming_undecodable
+from pipelines.files import json_records, naming_undecodable, text_encoding
 
 CONLL_SUFFIXES = (".txt", ".conll")
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -98,8 +98,7 @@ def read_conll(
 def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """``.jsonl`` (one object a line) or ``.json`` (a list of objects) -> rows with a ``location``."""
     with naming_undecodable({"input": [path]}, encoding):
-        # A byte-order mark (Windows editors write one) is not JSON: json refused the file's first line.
-        text = path.read_text(encoding=encoding).removeprefix("\ufeff")
+        text = path.read_text(encoding=text_encoding(encoding))  # a byte-order mark dropped: json refuses it
     if path.suffix.lower() == ".jsonl":
         return [{**row, "location": f"{path}:{number}"} for number, row in json_records(text, path)]
     try:

@@ -21,7 +21,7 @@ import pyarrow.parquet
 from datasets import Dataset, Features, Sequence as SequenceFeature, Value
 
 from pipelines.errors import DataError, describe
-from pipelines.files import json_records, naming_undecodable
+from pipelines.files import json_records, naming_undecodable, text_encoding
 from tasks.qa.decoding import is_invisible
 
 EXAMPLE_FEATURES = Features({
@@ -115,8 +115,7 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
     if path.suffix.lower() == ".parquet":
         return [flat_row(row, f"{path}: row {index + 1}", str(index)) for index, row in enumerate(_parquet_rows(path))]
     with naming_undecodable({"input": [path]}, encoding):
-        # A byte-order mark (Windows editors write one) is not JSON: json.loads refused the whole file.
-        text = path.read_text(encoding=encoding).removeprefix("\ufeff")
+        text = path.read_text(encoding=text_encoding(encoding))  # a byte-order mark dropped: json refuses it
     if not text.strip():
         raise DataError(f"{path} is empty")
     document: Any = None
