@@ -79,6 +79,9 @@ class TrainerState:
     would leave those batches out."""
     num_processes: int | None = None
     """Processes that trained up to this checkpoint (None: a checkpoint from before it was recorded)."""
+    mixed_precision: str | None = None
+    """Accelerate's precision the run trained in up to here (``no``, ``bf16``, ``fp16``): ``auto`` resolves per
+    machine, so the config's value alone cannot tell a resume on other hardware (None: from before it was recorded)."""
     train_data: str | None = None
     """Digest of the training features (pipelines.data.features_digest; None: from before it was recorded)."""
     stopped_early: bool = False
@@ -143,6 +146,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     state.num_processes = accelerator.num_processes
+    state.mixed_precision = accelerator.mixed_precision
     try:
         accelerator.save_state(str(partial), safe_serialization=True)
         accelerator.wait_for_everyone()
@@ -230,6 +234,9 @@ def _content_digest(key: str, value: object) -> str | None:
     return digest.hexdigest()
 
 
+_EVALUATION_REPORT = re.compile(r"eval_[^/]*\.json")
+
+
 def _path_digest(path: Path, *, recursive: bool) -> str:
     if path.is_file():
         return _file_digest(path)
@@ -237,7 +244,11 @@ def _path_digest(path: Path, *, recursive: bool) -> str:
     found = path.rglob("*") if recursive else path.iterdir()
     for file in sorted(found, key=lambda found_path: found_path.relative_to(path).as_posix()):
         relative = file.relative_to(path)
-        if file.is_file() and not any(part.startswith(".") for part in relative.parts):  # .git, .cache: not the content
+        if any(part.startswith(".") for part in relative.parts):  # .git, .cache: not the content
+            continue
+        if not recursive and _EVALUATION_REPORT.fullmatch(relative.name):
+            continue  # `bertpipe evaluate` of a teacher or base run writes it beside the model: not the model
+        if file.is_file():
             digest.update(f"{relative.as_posix()}\0{_file_digest(file)}\0".encode())
     return digest.hexdigest()
 
@@ -271,24 +282,27 @@ def resume_differences(saved: dict, current: dict, *, sources: dict[str, str] | 
         if _may_change(key) and not (tracks_best and key in BEST_MODEL_CADENCE):
             continue
         before, after = old.get(key, missing), new.get(key, missing)
+        contents = _content_digest(key, after) if key in sources and after is not missing else None
         if before == after:
+            # The same path: a model folder or teacher run retrained in place, a data file rewritten.
+            if contents is not None and contents != sources[key]:
+                lines.append(f"{key}: {after!r}, the same path, but its contents changed since the checkpoint")
             continue
-        contents = None
-        if key in sources and after is not missing:
-            contents = _content_digest(key, after)
-            if contents == sources[key]:
-                continue  # the same contents, moved
+        if contents is not None and contents == sources[key]:
+            continue  # the same contents, moved
         shown = lambda value: "(unset)" if value is missing else repr(value)  # noqa: E731
         other = ", with other contents" if contents is not None else ""
         lines.append(f"{key}: {shown(before)} in the checkpoint, {shown(after)} now{other}")
     return lines
 
 
-def check_resume_config(folder: Path, current: dict) -> None:
+def check_resume_config(folder: Path, current: dict, *, mixed_precision: str | None = None) -> None:
     """Refuse a resume whose trajectory settings differ from the checkpoint's, listing each one.
 
     Checkpoints written before the config was stored beside them are compared with their run's
-    ``config.yaml`` (the run that wrote them, two levels up).
+    ``config.yaml`` (the run that wrote them, two levels up). ``mixed_precision`` is what this run's
+    ``train.mixed_precision`` resolves to here; where the checkpoint records the precision it trained in,
+    that is compared instead of the setting (``auto`` is bf16 on one machine and fp32 on the next).
     """
     for source in (folder / CONFIG_FILE, folder.parent.parent / CONFIG_FILE):
         if source.is_file():
@@ -305,7 +319,18 @@ def check_resume_config(folder: Path, current: dict) -> None:
             sources = json.loads((folder / SOURCES_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             raise CheckpointError(f"checkpoint {folder} cannot be loaded: {folder / SOURCES_FILE}: {describe(error)}") from error
+    current_setting = current.get("train", {}).get("mixed_precision")
+    trained_in = _recorded_precision(folder) if mixed_precision is not None else None
+    if trained_in is not None:
+        saved = {**(saved or {}), "train": {**(saved or {}).get("train", {}), "mixed_precision": None}}
+        current = {**current, "train": {**current.get("train", {}), "mixed_precision": None}}
     differences = resume_differences(saved or {}, current, sources=sources if isinstance(sources, dict) else {})
+    if trained_in is not None and trained_in != mixed_precision:
+        differences.append(
+            f"train.mixed_precision: trained in {_PRECISION_NAMES.get(trained_in, trained_in)} up to the checkpoint, and "
+            f"{current_setting!r} is {_PRECISION_NAMES.get(mixed_precision, mixed_precision)} here ('auto' follows the "
+            "hardware: BERTPIPE_NATIVE_BF16=1 or 0 decides it on a CPU)"
+        )
     if differences:
         raise CheckpointError(
             f"train.resume_from_checkpoint={folder} was trained with other settings ({source}):\n  "
@@ -315,6 +340,19 @@ def check_resume_config(folder: Path, current: dict) -> None:
             "save_total_limit, hub settings and speed settings may change on a resume; data and model paths "
             "too, where they name the same contents as before."
         )
+
+
+_PRECISION_NAMES = {"no": "fp32"}
+
+
+def _recorded_precision(folder: Path) -> str | None:
+    """The precision a checkpoint records having trained in; None where it records none (or its state is
+    unreadable, which :func:`load_checkpoint` reports)."""
+    try:
+        recorded = json.loads((folder / STATE_FILE).read_text(encoding="utf-8")).get("mixed_precision")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, str) else None
 
 
 def load_checkpoint(accelerator: Accelerator, folder: Path, *, train_data: str | None = None) -> TrainerState:

@@ -48,7 +48,9 @@ from pipelines.modeling import check_sequence_lengths, count_parameters
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
-from pipelines.runtime import build_accelerator, check_compile_backend, end_run, wrap_model_layers_for_fsdp
+from pipelines.runtime import (
+    build_accelerator, check_compile_backend, end_run, resolve_mixed_precision, wrap_model_layers_for_fsdp,
+)
 from pipelines.task import Task
 
 logger = logging.getLogger(__name__)
@@ -94,8 +96,10 @@ def train(
     # rules, the resume settings, then data, tokenizer, model, sequence length and the checkpoint's
     # tensors. Only then is an old run set aside (overwrite=true: deleted once this run has finished) and
     # the new config written.
-    replace_old_run, resume_folder = _check_run_settings(config, task)
-    accelerator = build_accelerator(config)
+    # Resolved once: a resume compares it with the precision its checkpoint trained in.
+    mixed_precision = resolve_mixed_precision(config.train.mixed_precision)
+    replace_old_run, resume_folder = _check_run_settings(config, task, mixed_precision)
+    accelerator = build_accelerator(config, mixed_precision=mixed_precision)
     try:
         summary = _run(accelerator, config, task, replace_old_run=replace_old_run, resume_folder=resume_folder,
                        on_start=on_start, on_evaluate=on_evaluate)
@@ -318,7 +322,7 @@ def _final_checkpoint(run_dir: Path, state: TrainerState, received: signal.Signa
 
 
 # ----- set-up -------------------------------------------------------------------------------
-def _check_run_settings(config: RunConfig, task: Task) -> tuple[bool, Path | None]:
+def _check_run_settings(config: RunConfig, task: Task, mixed_precision: str) -> tuple[bool, Path | None]:
     """The output folder rules, the resume settings and the settings the task cannot honour, before
     anything is loaded or written: (whether an old run will be replaced, the checkpoint to resume from)."""
     if config.train.pack_sequences and not task.packable:
@@ -331,7 +335,7 @@ def _check_run_settings(config: RunConfig, task: Task) -> tuple[bool, Path | Non
     resume_folder = None
     if config.train.resume_from_checkpoint:
         resume_folder = find_checkpoint(config.train.resume_from_checkpoint, Path(config.output_dir))
-        check_resume_config(resume_folder, config.to_yaml_dict())
+        check_resume_config(resume_folder, config.to_yaml_dict(), mixed_precision=mixed_precision)
         if config.train.load_best_model_at_end:
             _check_best_model_kept(resume_folder, Path(config.output_dir) / BEST_MODEL_DIR)
     return replace_old_run, resume_folder

@@ -323,8 +323,65 @@ def test_cli_resume_on_training_data_edited_since_the_checkpoint_is_refused_befo
 
     result = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (f"data.files.train: {str(data['train'])!r}, the same path, but its contents changed since the checkpoint"
+            in result.stderr)
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+    # A checkpoint without sources.json (from before they were recorded): the digest of the tokenised rows still tells.
+    (run_dir / "checkpoints" / "step-00000004" / "sources.json").unlink()
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    result = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"checkpoint {run_dir / 'checkpoints' / 'step-00000004'} was trained on other training data than this run has" in result.stderr
     assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+
+def test_cli_resume_on_a_model_folder_changed_in_place_is_refused_and_an_evaluation_report_beside_it_is_not(
+    tmp_path, tiny_bert, sentiment_files,
+):
+    """A base model folder (or a teacher run) retrained or edited at the same path was not compared: the resume
+    went on with other dropout (or another teacher), exit 0, and ended elsewhere than the interrupted run."""
+    import shutil
+
+    model = shutil.copytree(tiny_bert, tmp_path / "model")
+    config = classification_config(tmp_path, model, sentiment_files, max_steps=4, save_steps=2, eval_steps=None,
+                                   mixed_precision="no")
+    run_cli("train", str(config))
+    run_dir = tmp_path / "run"
+    (model / "eval_validation.json").write_text('{"eval_accuracy": 0.5}')  # `bertpipe evaluate` of the model's run
+    run_cli("train", str(config), "train.resume_from_checkpoint=latest")
+
+    model_config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**model_config, "hidden_dropout_prob": 0.4}))
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    result = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (f"model.name_or_path: {str(model)!r}, the same path, but its contents changed since the checkpoint"
+            in result.stderr)
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+
+def test_cli_resume_where_auto_precision_resolves_otherwise_is_refused_and_the_same_precision_named_goes_on(
+    tmp_path, tiny_bert, sentiment_files,
+):
+    """`auto` is fp32 on an AVX2-only CPU and bf16 on the next machine: the literal settings matched, the resumed
+    run trained its second half in another precision, exit 0, and metrics.json named the last precision alone."""
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=4, save_steps=2, eval_steps=None,
+                                   mixed_precision="auto")
+    run_cli("train", str(config), env=cli_env(BERTPIPE_NATIVE_BF16="0"))
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "metrics.json").read_text())["mixed_precision"] == "no"
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+
+    result = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False,
+                     env=cli_env(BERTPIPE_NATIVE_BF16="1"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "train.mixed_precision: trained in fp32 up to the checkpoint, and 'auto' is bf16 here" in result.stderr
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+    run_cli("train", str(config), "train.resume_from_checkpoint=latest", "train.mixed_precision=no",
+            env=cli_env(BERTPIPE_NATIVE_BF16="1"))
+    assert json.loads((run_dir / "metrics.json").read_text())["mixed_precision"] == "no"
 
 
 def test_cli_resume_of_a_run_moved_with_its_data_and_model_matches_uninterrupted_and_refuses_edited_copies(

@@ -226,3 +226,62 @@ def test_checkpoint_from_before_the_process_count_was_recorded_is_checked_by_its
     (folder / "random_states_1.pkl").write_bytes((folder / "random_states_0.pkl").read_bytes())
     with pytest.raises(CheckpointError, match=r"written by a run of 2 processes, and this run has 1"):
         load_checkpoint(accelerator, folder)
+
+
+def _checkpoint_with_sources(tmp_path, saved, state=None):
+    import yaml
+
+    from pipelines.checkpoint import SOURCES_FILE, STATE_FILE, source_digests
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(saved))
+    (checkpoint / SOURCES_FILE).write_text(json.dumps(source_digests(saved)))
+    if state is not None:
+        (checkpoint / STATE_FILE).write_text(json.dumps(state))
+    return checkpoint
+
+
+def test_checkpoint_resume_at_the_same_paths_compares_contents_too(tmp_path):
+    # Only moved paths were compared by contents: a teacher or base model retrained in place resumed silently.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_dropout_prob": 0.1}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "checkpoints").mkdir()  # a run's own checkpoints beneath it: not read
+    (tmp_path / "t.jsonl").write_text('{"text": "a"}\n')
+    saved = changed(model={**SAVED["model"], "name_or_path": str(model)},
+                    data={**SAVED["data"], "files": {"train": str(tmp_path / "t.jsonl")}})
+    checkpoint = _checkpoint_with_sources(tmp_path, saved)
+    check_resume_config(checkpoint, saved)
+
+    (model / "eval_test.json").write_text('{"eval_accuracy": 1.0}')  # bertpipe evaluate of that run
+    (model / "checkpoints" / "step-1").mkdir()
+    check_resume_config(checkpoint, saved)
+
+    (model / "config.json").write_text('{"hidden_dropout_prob": 0.4}')
+    (tmp_path / "t.jsonl").write_text('{"text": "b"}\n')
+    with pytest.raises(CheckpointError) as refused:
+        check_resume_config(checkpoint, saved)
+    assert re.findall(r"\n  (\S+): ", str(refused.value)) == ["data.files.train", "model.name_or_path"]
+    assert f"model.name_or_path: {str(model)!r}, the same path, but its contents changed since the checkpoint" in str(refused.value)
+
+
+def test_checkpoint_resume_compares_the_precision_trained_in_not_the_setting(tmp_path):
+    # `auto` is bf16 on one CPU and fp32 on the next: equal settings, another precision.
+    saved = changed(train={**SAVED["train"], "mixed_precision": "auto"})
+    checkpoint = _checkpoint_with_sources(tmp_path, saved, state={"global_step": 4, "mixed_precision": "bf16"})
+    check_resume_config(checkpoint, saved, mixed_precision="bf16")
+    check_resume_config(checkpoint, changed(train={**SAVED["train"], "mixed_precision": "bf16"}), mixed_precision="bf16")
+    with pytest.raises(CheckpointError) as refused:
+        check_resume_config(checkpoint, saved, mixed_precision="no")
+    assert ("train.mixed_precision: trained in bf16 up to the checkpoint, and 'auto' is fp32 here ('auto' follows the "
+            "hardware: BERTPIPE_NATIVE_BF16=1 or 0 decides it on a CPU)") in str(refused.value)
+    with pytest.raises(CheckpointError, match=r"'no' is fp32 here"):
+        check_resume_config(checkpoint, changed(train={**SAVED["train"], "mixed_precision": "no"}), mixed_precision="no")
+
+    # A checkpoint from before the precision was recorded: the settings are compared as written.
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    check_resume_config(checkpoint, saved, mixed_precision="no")
+    with pytest.raises(CheckpointError, match=r"train.mixed_precision: 'auto' in the checkpoint, 'bf16' now"):
+        check_resume_config(checkpoint, changed(train={**SAVED["train"], "mixed_precision": "bf16"}), mixed_precision="bf16")
