@@ -422,6 +422,15 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
             # A boundary that wrapped the full disk named the file but not what to do; one that said it keeps its words.
             hint = "" if "free space" in message else _disk_full_hint(args.command, error)
             return _report(args.command, message + hint, debug)
+        if _another_process_ended(error):
+            # This process waited in a collective for one that stopped on its own error and reported it; a
+            # traceback here would be a second, misleading error. The launcher usually ends this one first.
+            time.sleep(OTHER_PROCESS_REPORT_DELAY_S)
+            if debug:
+                traceback.print_exc()
+            print(f"bertpipe {args.command}: stopped: another process of this run ended first (its own message says why)",
+                  file=sys.stderr)
+            return 1
         if not isinstance(error, OSError):
             raise
         # The last resort for the machine saying no where no boundary did (a full disk while saving, a
@@ -446,6 +455,19 @@ def _disk_full_hint(command: str, error: BaseException) -> str:
             return "; free space, then run the command again"
         error = error.__cause__ if error.__cause__ is not error else None
     return ""
+
+
+# What gloo (and NCCL) raise in a process whose collective lost its peer, in torch 2.x.
+_PEER_ENDED = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
+
+
+def _another_process_ended(error: BaseException) -> bool:
+    """In a launched run of several processes: ``error`` is a collective failing because another process ended."""
+    if int(os.environ.get("WORLD_SIZE") or 1) < 2 or not isinstance(error, RuntimeError):
+        return False
+    import torch.distributed
+
+    return isinstance(error, torch.distributed.DistError) or any(sign in str(error) for sign in _PEER_ENDED)
 
 
 def _wait_for_first_process() -> None:

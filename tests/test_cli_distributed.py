@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -44,8 +45,8 @@ sys.path.insert(0, {str(REPO_ROOT)!r})
 from tasks.cli import main
 with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{os.environ['RANK']}}.json"), "w") as handle:
     json.dump({{"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}}, handle)
-typo = ["trian.max_steps=3"] if os.environ["FAILING_RANK"] in ("all", os.environ["RANK"]) else []
-sys.exit(main(["train", *sys.argv[1:], *typo]))
+bad_input = {{"typo": ["trian.max_steps=3"], "missing data": ["data.files.train=/nonexistent/train.jsonl"]}}[os.environ["BAD_INPUT"]]
+sys.exit(main(["train", *sys.argv[1:], *(bad_input if os.environ["FAILING_RANK"] in ("all", os.environ["RANK"]) else [])]))
 """
 
 # With STOP_AT_STEP set, a SIGTERM delivered to rank 1 alone as that optimizer step ends (a node-local signal: the
@@ -310,19 +311,25 @@ def test_cli_two_processes_evaluate_one_example_per_batch_when_either_sees_paddi
     assert probed["eval_samples"] == batched["eval_samples"] == 37
     assert probed["eval_accuracy"] == pytest.approx(batched["eval_accuracy"], rel=1e-6)
 
-@pytest.mark.parametrize("failing_rank", ["all", "1"])
-def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentiment_files, failing_rank):
+@pytest.mark.parametrize("bad_input, failing_rank", [("typo", "all"), ("typo", "1"), ("missing data", "0"), ("missing data", "1")])
+def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentiment_files, bad_input, failing_rank):
     """Every process of a launched run meets the same bad input: one message, not one per process. A process
-    whose error is its own alone (rank 1 here, while rank 0 waits for it to join) still reports it."""
-    script = tmp_path / "train_with_typo.py"
+    whose error is its own alone (rank 1 here, while rank 0 waits for it to join) still reports it. Data missing
+    on one machine alone is met after the group formed: the other process, waiting in a collective for the one
+    that stopped, printed a gloo traceback ("Connection closed by peer") beside the message."""
+    script = tmp_path / "train_with_bad_input.py"
     script.write_text(FAILING_TRAIN_SCRIPT)
     config = classification_config(tmp_path, tiny_bert, sentiment_files, mixed_precision="no", torch_num_threads=1)
     process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
-                     "--main_process_port", str(free_port()), FAILING_RANK=failing_rank)
+                     "--main_process_port", str(free_port()), FAILING_RANK=failing_rank, BAD_INPUT=bad_input)
     stderr = ended(process, timeout=300)
     assert sorted((r["rank"], r["world_size"]) for r in ranks_of(tmp_path / "ranks")) == [(0, 2), (1, 2)]
     assert stderr.count("bertpipe train: error:") == 1, stderr[-4000:]
-    assert "unknown key 'trian' in the command line" in stderr
+    # The launcher's own report (ChildFailedError) has a traceback of its own; a process's would be prefixed by its rank.
+    assert not re.search(r"\[rank\d\]: Traceback", stderr) and "RuntimeError" not in stderr, stderr[-4000:]
+    expected = {"typo": "unknown key 'trian' in the command line",
+                "missing data": "data.files.train: file /nonexistent/train.jsonl does not exist"}[bad_input]
+    assert expected in stderr, stderr[-4000:]
     # accelerate's launcher ends with its own report and status; it names the process's exit status 2.
     assert process.returncode != 0 and "exitcode  : 2" in stderr, stderr[-4000:]
 
