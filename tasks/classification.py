@@ -65,6 +65,7 @@ class ClassificationTask(TaskBase):
                                 'truncation=True, max_length={max_seq_length}')
     card_model_usage: ClassVar[str | None] = None
     packable: ClassVar[bool] = False  # the head reads each row's first token
+    run_files: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
@@ -184,15 +185,15 @@ class ClassificationTask(TaskBase):
         data = self.config.data
         present = set(label_ids)
         missing = [name for index, name in enumerate(self.label_names) if index not in present]
-        if not missing:
-            return
         where = f"split {data.train_split!r} ({split_source(data, data.train_split)})"
         cut = (f"; data.max_train_samples={data.max_train_samples} keeps the split's first rows, and its rows may be sorted "
                "by label: shuffle the file or raise the limit") if data.max_train_samples else ""
+        # Before the missing labels: a label set read from the training rows themselves misses none of them.
         if len(present) < 2:
             only = self.label_names[next(iter(present))] if present else None
             raise DataError(f"{where}: every training example has label {only!r}; a classifier needs examples of two or more labels{cut}")
-        logger.warning("%s has no examples of label(s) %s, which the model will never learn to predict%s", where, missing, cut)
+        if missing:
+            logger.warning("%s has no examples of label(s) %s, which the model will never learn to predict%s", where, missing, cut)
 
     # ----- the task interface ------------------------------------------------------------
     def load(self, *, include_train: bool = True) -> DatasetDict:
@@ -217,7 +218,9 @@ class ClassificationTask(TaskBase):
         for split_name, split in raw.items():
             self._check_label_kind(split, split_name)
         if include_train and self.problem_type != "regression":
-            self.label_names = self._infer_label_names(reference)
+            # From the whole training file, not the rows data.max_train_samples kept: a file sorted by label and cut
+            # keeps the labels it lost in the set (a warning names them), and one label left is refused.
+            self.label_names = self._infer_label_names(loaded.get(data.train_split, reference))
         return raw
 
     def load_inputs(self, path: str) -> Dataset:

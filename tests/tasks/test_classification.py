@@ -192,6 +192,24 @@ def test_classification_training_rows_of_one_label_are_refused_naming_the_sample
     assert "no examples of label(s) ['neutral']" in caplog.text
 
 
+def test_classification_label_set_read_from_the_training_file_is_the_whole_files_not_the_cut_rows(tmp_path, tiny_bert, caplog):
+    """Labels inferred from the rows data.max_train_samples kept: one label left made a one-way classifier that
+    trained and scored 1.0 on an eval split of that label (exit 0); a lost label was named only by the eval split."""
+    rows = [{"text": f"bad film {i}", "label": "negative"} for i in range(6)] + [{"text": f"good film {i}", "label": "positive"} for i in range(6)]
+    task, raw = make_task(tmp_path, tiny_bert, rows, rows[:3], "data.max_train_samples=4")
+    assert task.label_names == ["negative", "positive"]
+    with pytest.raises(DataError, match=r"every training example has label 'negative'.*data.max_train_samples=4 keeps"):
+        task.preprocess(raw["train"], train=True)
+
+    three = [*rows[:6], {"text": "fine film", "label": "neutral"}, *rows[6:]]
+    task, raw = make_task(tmp_path, tiny_bert, three, three, "data.max_train_samples=7")
+    assert task.label_names == ["negative", "neutral", "positive"]
+    with caplog.at_level("WARNING", logger="tasks.classification"):
+        task.preprocess(raw["train"], train=True)
+    assert "no examples of label(s) ['positive']" in caplog.text
+    assert task.preprocess(raw["validation"], train=False)["labels"][-1] == 2  # the eval split's positives are in the set
+
+
 def test_classification_finished_runs_head_fixes_the_problem_type_of_the_eval_split(tmp_path, tiny_bert):
     """``bertpipe evaluate`` loads the run, then its eval split: labels 0/1 written as 0.0/1.0 must not turn a
     classifier's evaluation into regression (Pearson of the first logit, no error), nor whole-number similarity
