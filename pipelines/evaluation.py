@@ -176,7 +176,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     The output is written beside its final name and renamed into place, so a failure never leaves a
     half-written file, and it may not be the input itself or one of the run's own files.
     """
-    check_prediction_output(run_dir, input_path, output_path, data=config.data)
+    check_prediction_output(run_dir, input_path, output_path, data=config.data, run_files=task.run_files)
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     examples = task.load_inputs(input_path)
     # Read before the forward pass: a column the output cannot carry fails now, not after minutes of predicting.
@@ -202,9 +202,11 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
 
 # Inputs whose rows are rows of one table. Not .json (a nested SQuAD file is one object, not rows), .txt
 # (its one column is the text) or .conll (words and tags only).
-def check_prediction_output(run_dir: str, input_path: str, output_path: str, *, data: DataConfig | None = None) -> None:
-    """Refuse an ``--output`` that would overwrite the input, a folder, a file the run needs, or a file of
-    the run's ``data.files``."""
+def check_prediction_output(
+    run_dir: str, input_path: str, output_path: str, *, data: DataConfig | None = None, run_files: tuple[str, ...] = (),
+) -> None:
+    """Refuse an ``--output`` that would overwrite the input, a folder, a file the run needs or wrote
+    (``run_files``: the task's own, such as translation's ``generations.jsonl``), or a file of the run's ``data.files``."""
     output, source = Path(output_path).resolve(), Path(input_path).resolve()
     if output == source or (output.exists() and source.exists() and output.samefile(source)):
         raise OutputDirError(f"--output {output_path} is the --input file; predictions would overwrite it. Choose another --output")
@@ -220,7 +222,7 @@ def check_prediction_output(run_dir: str, input_path: str, output_path: str, *, 
     # tokenizer, config, metrics and card may not, nor anything in the run's subfolders (a checkpoint's
     # weights, merged/), which a resume or a merge would read back as a model.
     run = Path(run_dir).resolve()
-    earlier_predictions = output.parent == run and output.suffix == ".jsonl" and output.name != LOG_FILE
+    earlier_predictions = output.parent == run and output.suffix == ".jsonl" and output.name not in (LOG_FILE, *run_files)
     if output.exists() and run in output.parents and not earlier_predictions:
         raise OutputDirError(f"--output {output_path} is a file of the run {run_dir}; predictions would replace it. Choose another --output")
 

@@ -98,6 +98,9 @@ def resolve_inference_precision(requested: str = "fp32") -> str:
     """``--precision`` of ``bertpipe evaluate|predict`` (fp32, bf16, fp16, auto) -> Accelerate's value."""
     if requested not in INFERENCE_PRECISIONS:
         raise ConfigError(f"--precision {requested!r} is not one of {', '.join(INFERENCE_PRECISIONS)}")
+    if requested == "fp16" and not has_accelerator_device():
+        # resolve_mixed_precision's refusal names train.mixed_precision, and offers `no`, which --precision lacks.
+        raise ConfigError("--precision fp16 needs a GPU; on a CPU use fp32, bf16 or auto")
     return "no" if requested == "fp32" else resolve_mixed_precision(requested)
 
 

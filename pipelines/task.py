@@ -59,6 +59,8 @@ class Task(Protocol):
     packable: ClassVar[bool]
     """Whether training batches may be packed (``train.pack_sequences``): the collator's outputs are all
     per token, so examples can share a row (token classification, not a pooled [CLS] head)."""
+    run_files: ClassVar[tuple[str, ...]]
+    """The files ``save_artifacts`` writes beside the model: part of the run, which ``predict --output`` may not replace."""
 
     config: RunConfig
     tokenizer: PreTrainedTokenizerBase | None

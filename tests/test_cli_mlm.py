@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from tasks import get_task
 from tasks.mlm import MlmTask
-from tests.conftest import corpus_sentences, run_cli, sentiment_rows, write_config
+from tests.conftest import corpus_sentences, run_cli, sentiment_rows, write_config, write_jsonl
 from tests.test_cli_classification import classification_config
 
 
@@ -179,8 +180,15 @@ def test_cli_mlm_input_without_mask_token_is_named(pretrained, tmp_path):
     task.build_tokenizer(None, model_path=str(pretrained))
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("a [MASK] here\nno mask on this line\n")
-    with pytest.raises(DataError, match="input line 2"):
+    with pytest.raises(DataError, match=rf"--input {re.escape(str(inputs))}, line 2 \('no mask on this line'\) holds no \[MASK\]"):
         task.preprocess(task.load_inputs(str(inputs)), train=False, inputs=True)
+    # Blank lines are skipped before the examples are read: the example's index named line 2 of a line-5 text.
+    inputs.write_text("a [MASK] here\n\n\n\nno mask on this line\n")
+    with pytest.raises(DataError, match=r", line 5 \('no mask on this line'\)"):
+        task.preprocess(task.load_inputs(str(inputs)), train=False, inputs=True)
+    rows = write_jsonl(tmp_path / "inputs.jsonl", [{"text": "a [MASK] here"}, {"text": "no mask in this row"}])
+    with pytest.raises(DataError, match=rf"--input {re.escape(str(rows))}, row 2 \(rows count from 1\) \('no mask in this row'\)"):
+        task.preprocess(task.load_inputs(str(rows)), train=False, inputs=True)
 
 
 def test_cli_mlm_corpus_shorter_than_a_block_fails_clearly(tmp_path):

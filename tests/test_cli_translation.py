@@ -92,6 +92,18 @@ def predicted(trained_run, tmp_path_factory) -> tuple[list[str], list[dict]]:
     return sources, [json.loads(line) for line in (folder / "out.jsonl").read_text().splitlines()]
 
 
+def test_cli_translation_predict_may_not_replace_the_runs_generations(trained_run, tmp_path):
+    """Every *.jsonl beside the model but the step log counted as earlier predictions: --output RUN/generations.jsonl
+    replaced the run's own eval generations, exit 0."""
+    (tmp_path / "inputs.txt").write_text("ein haus\n")
+    generations = (trained_run / "generations.jsonl").read_bytes()
+    result = run_cli("predict", str(trained_run), "--input", str(tmp_path / "inputs.txt"), "--output",
+                     str(trained_run / "generations.jsonl"), check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"--output {trained_run / 'generations.jsonl'} is a file of the run" in result.stderr
+    assert (trained_run / "generations.jsonl").read_bytes() == generations
+
+
 def test_cli_translation_predict_translates_a_txt_file(predicted):
     sources, rows = predicted
     assert [row["source"] for row in rows] == sources

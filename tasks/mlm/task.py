@@ -25,7 +25,7 @@ from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import finalize_splits, load_raw, require_columns, require_text, split_source
 from pipelines.errors import DataError
-from pipelines.files import read_inputs, skip_blank_lines
+from pipelines.files import builder_for_files, read_inputs, skip_blank_lines
 from pipelines.errors import ModelError, failures_named
 from pipelines.modeling import load_model, load_tokenizer, tokenizer_source
 from pipelines.task import TaskBase
@@ -75,10 +75,12 @@ class MlmTask(TaskBase):
     )
     card_model_usage: ClassVar[str | None] = None
     packable: ClassVar[bool] = False  # mlm.packing already fills whole blocks from the token stream
+    run_files: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.options: MlmOptions = config.task_options
+        self._input_places: list[str] | None = None  # where each predict input sits in its file (load_inputs)
         self.trained_tokenizer = False
 
     @property
@@ -110,7 +112,14 @@ class MlmTask(TaskBase):
         return finalize_splits(cleaned, data, self.config.seed, need_train=include_train)
 
     def load_inputs(self, path: str) -> Dataset:
-        inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding, text_columns=[self.text_column, "text"]), path)
+        read = read_inputs(path, encoding=self.config.data.encoding, text_columns=[self.text_column, "text"])
+        inputs = skip_blank_lines(read, path)
+        # Where each example sits in the file, for an error about one: a txt file's line (its blank lines are
+        # skipped above, so the example's index is not its line), else its row.
+        if builder_for_files({"input": str(path)})[0] == "text":
+            self._input_places = [f"--input {path}, line {number}" for number, text in enumerate(read["text"], start=1) if text.strip()]
+        else:
+            self._input_places = [f"--input {path}, row {number} (rows count from 1)" for number in range(1, len(inputs) + 1)]
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
         require_columns(inputs, [self.text_column], "input")
@@ -319,9 +328,10 @@ class MlmTask(TaskBase):
         tokenizer = self.tokenizer
         texts = [text.replace("[MASK]", tokenizer.mask_token) for text in examples["text"]]
         encoded = tokenizer(texts, truncation=True, max_length=self.config.data.max_seq_length)
-        for line, ids in enumerate(encoded["input_ids"], start=1):
+        places = self._input_places or [f"input example {number}" for number in range(1, len(texts) + 1)]
+        for index, ids in enumerate(encoded["input_ids"]):
             if tokenizer.mask_token_id not in ids:
-                raise DataError(f"input line {line} ({texts[line - 1][:60]!r}) holds no {tokenizer.mask_token} token (within data.max_seq_length)")
+                raise DataError(f"{places[index]} ({texts[index][:60]!r}) holds no {tokenizer.mask_token} token (within data.max_seq_length)")
         return Dataset.from_dict({key: encoded[key] for key in encoded.keys()})
 
     def collator(self, *, train: bool):

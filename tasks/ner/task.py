@@ -95,6 +95,7 @@ class NerTask(TaskBase):
     card_pipeline_input: ClassVar[str | None] = '"Angela Merkel visited Paris in May."'
     card_model_usage: ClassVar[str | None] = None
     packable: ClassVar[bool] = True
+    run_files: ClassVar[tuple[str, ...]] = ("eval_predictions.conll",)
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)

@@ -107,6 +107,7 @@ if settings["handle_impossible_answer"] and starts[cls] + ends[cls] - best > set
 else:
     print(context[offsets[start][0] : offsets[end][1]].strip())"""
     packable: ClassVar[bool] = False  # start/end positions index the row
+    run_files: ClassVar[tuple[str, ...]] = ("predictions.json", "nbest_predictions.json", "null_odds.json")
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)

@@ -60,6 +60,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         "es": "Un hombre anda en bicicleta.", "ro": "Un bărbat merge cu bicicleta.",
     }
     packable: ClassVar[bool] = False  # encoder-decoder batches
+    run_files: ClassVar[tuple[str, ...]] = (GENERATIONS_FILE, SIGNATURE_FILE)
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)

@@ -95,6 +95,8 @@ def test_input_columns_predict_refuses_a_value_it_cannot_carry_naming_column_and
     pq.write_table(pa.table({"text": ["good film", "bad film"], "when": pa.array([0, 253402300800000000], pa.timestamp("us"))}), inputs)
 
     class Task:
+        run_files = ()
+
         def load_inputs(self, path):
             return read_inputs(path)
 

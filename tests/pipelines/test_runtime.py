@@ -101,6 +101,9 @@ def test_runtime_inference_precision_is_fp32_unless_asked(cpu_with_flags):
     assert runtime.resolve_inference_precision("auto") == "bf16"
     with pytest.raises(ConfigError, match="--precision 'int8'"):
         runtime.resolve_inference_precision("int8")
+    # Not the training setting's refusal ("train.mixed_precision=fp16 ... use bf16, no or auto"): --precision has no `no`.
+    with pytest.raises(ConfigError, match=r"^--precision fp16 needs a GPU; on a CPU use fp32, bf16 or auto$"):
+        runtime.resolve_inference_precision("fp16")
 
 
 def test_runtime_without_autocast_runs_a_bf16_prepared_model_in_fp32(fresh_accelerate_state):
