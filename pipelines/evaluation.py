@@ -102,7 +102,11 @@ def evaluate(
     if count != len(features):
         raise RuntimeError(f"gathered {count} predictions for {len(features)} features; evaluation lost or repeated some")
     predictions = task.postprocess(outputs, features, examples)
-    metrics = {f"eval_{name}": float(value) for name, value in task.compute_metrics(predictions, examples).items()}
+    computed = task.compute_metrics(predictions, examples)
+    if undeclared := sorted(set(computed) - set(task.metric_names())):
+        # train.metric_for_best_model is checked against metric_names() before training: they must not drift apart.
+        raise RuntimeError(f"task {task.name!r} reported metrics {undeclared} that its metric_names() does not list")
+    metrics = {f"eval_{name}": float(value) for name, value in computed.items()}
     metrics["eval_samples"] = len(examples)
     return predictions, metrics
 

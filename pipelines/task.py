@@ -43,7 +43,7 @@ class Task(Protocol):
     output_pad_values: ClassVar[dict[str, float]]
     """Pad value per ``predict_step`` output when batches of different lengths are joined."""
     higher_is_better: ClassVar[dict[str, bool]]
-    """Direction of each metric, for best-model selection."""
+    """Direction of metrics for best-model selection; one not named is higher-is-better."""
     auto_model_class: ClassVar[type]
     """The transformers Auto class that loads a finished run (named in the model card's usage snippet)."""
     peft_task_type: ClassVar[str | None]
@@ -86,6 +86,11 @@ class Task(Protocol):
     def postprocess(self, outputs: dict[str, Any], features: Dataset, examples: Dataset) -> Any: ...
 
     def compute_metrics(self, predictions: Any, examples: Dataset) -> dict[str, float]: ...
+
+    def metric_names(self) -> tuple[str, ...]:
+        """Every metric ``compute_metrics`` may report under this run's settings and label set (without ``eval_``),
+        known once ``load`` has run, so that ``train.metric_for_best_model`` is checked before training. One that
+        depends on the eval split (an entity type it lacks, SQuAD v2's NoAns_ group) is listed too."""
 
     def format_predictions(self, predictions: Any, examples: Dataset) -> list[dict[str, Any]]: ...
 

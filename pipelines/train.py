@@ -166,8 +166,8 @@ def _run(
             f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
         )
 
+    best = BestModel.from_config(config, task)  # before the run folder is written: it may refuse the metric's name
     step_log = _open_run_dir(accelerator, config, state, data.tokenizer, replace_old_run=replace_old_run, on_start=on_start)
-    best = BestModel.from_config(config, task)
 
     def log(record: dict[str, Any]) -> None:
         record = {"step": state.global_step, "epoch": round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4), **record}
@@ -515,6 +515,10 @@ class BestModel:
     @classmethod
     def from_config(cls, config: RunConfig, task: Task) -> "BestModel":
         metric_name = config.train.metric_for_best_model
+        reported = [f"eval_{name}" for name in task.metric_names()]
+        if metric_name and metric_name not in reported:
+            raise ConfigError(f"train.metric_for_best_model={metric_name!r} is not a metric the {task.name} task reports with "
+                              f"these settings; it reports {', '.join(reported)}")
         greater_is_better = config.train.metric_greater_is_better(metric_name, task.higher_is_better)
         folder = Path(config.output_dir) / BEST_MODEL_DIR if config.train.load_best_model_at_end else None
         return cls(metric_name, greater_is_better, folder, config.train.early_stopping_patience)

@@ -53,7 +53,7 @@ class ClassificationTask(TaskBase):
     Options: ClassVar[type[TaskOptions]] = ClassificationOptions
     pipeline_tag: ClassVar[str] = "text-classification"
     output_pad_values: ClassVar[dict[str, float]] = {}
-    higher_is_better: ClassVar[dict[str, bool]] = {"mse": False, "loss": False}
+    higher_is_better: ClassVar[dict[str, bool]] = {"mse": False}
     auto_model_class: ClassVar[type] = AutoModelForSequenceClassification
     peft_task_type: ClassVar[str | None] = "SEQ_CLS"
     onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
@@ -369,6 +369,14 @@ class ClassificationTask(TaskBase):
             predictions=predicted, references=references
         )["matthews_correlation"]
         return metrics
+
+    def metric_names(self) -> tuple[str, ...]:
+        if self.problem_type == "regression":
+            return ("pearson", "spearmanr", "mse")
+        if self.problem_type == "multi_label":
+            return ("accuracy", *(f"{name}_{average}" for name in ("f1", "precision", "recall") for average in ("micro", "macro")))
+        binary = ("f1",) if len(self.label_names) == 2 else ()
+        return ("accuracy", *binary, "f1_macro", "f1_micro", "precision_macro", "recall_macro", "matthews_correlation")
 
     def input_columns(self) -> tuple[str, ...]:
         return tuple(name for name in (self.text_column, self.config.data.text_pair_column, "text") if name)

@@ -187,3 +187,16 @@ def test_cli_pack_sequences_is_refused_for_classification_before_anything_is_wri
     assert "train.pack_sequences" in refused.stderr and "classification" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_best_model_metric_the_task_does_not_report_is_refused_before_training(tiny_bert, sentiment_files, tmp_path):
+    """eval_loss (the Trainer's usual choice) was refused at the first evaluation: eval_steps of training lost, and a
+    run folder left that the corrected command refused without overwrite=true."""
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, eval_steps=2, metric_for_best_model="eval_loss",
+                                   load_best_model_at_end=True)
+    refused = run_cli("train", str(config), check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert ("train.metric_for_best_model='eval_loss' is not a metric the classification task reports with these settings; "
+            "it reports eval_accuracy, eval_f1, eval_f1_macro, eval_f1_micro, eval_precision_macro, eval_recall_macro, "
+            "eval_matthews_correlation") in refused.stderr
+    assert not (tmp_path / "run").exists()

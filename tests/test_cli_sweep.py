@@ -254,7 +254,7 @@ def test_cli_sweep_trial_error_is_one_message_without_traceback(tmp_path, tiny_b
     result = run_cli("sweep", str(config), "--trials", "2", "--space", str(space), "train.metric_for_best_model=eval_bogus",
                      check=False)
     assert result.returncode == 2
-    assert "bertpipe sweep: error: train.metric_for_best_model='eval_bogus' is not among the eval metrics" in result.stderr
+    assert "bertpipe sweep: error: train.metric_for_best_model='eval_bogus' is not a metric the classification task reports" in result.stderr
     # Optuna's own log of the failed trial would repeat the error with its traceback.
     assert "Traceback" not in result.stderr and result.stderr.count("eval_bogus") == 1, result.stderr[-3000:]
 

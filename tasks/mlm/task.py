@@ -399,6 +399,9 @@ class MlmTask(TaskBase):
             metrics["nsp_accuracy"] = float(np.mean(predictions["nsp_correct"]))
         return metrics
 
+    def metric_names(self) -> tuple[str, ...]:
+        return ("loss", "perplexity", "accuracy", *(("nsp_accuracy",) if self.options.next_sentence_prediction else ()))
+
     def input_columns(self) -> tuple[str, ...]:
         return (self.text_column, "text")
 

@@ -88,7 +88,7 @@ class NerTask(TaskBase):
     Options: ClassVar[type[TaskOptions]] = NerOptions
     pipeline_tag: ClassVar[str] = PIPELINE_TASK
     output_pad_values: ClassVar[dict[str, float]] = {"tag_ids": IGNORE_INDEX, "tag_scores": 0.0}
-    higher_is_better: ClassVar[dict[str, bool]] = {"loss": False}
+    higher_is_better: ClassVar[dict[str, bool]] = {"f1": True}
     auto_model_class: ClassVar[type] = AutoModelForTokenClassification
     peft_task_type: ClassVar[str | None] = "TOKEN_CLS"
     onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
@@ -353,6 +353,13 @@ class NerTask(TaskBase):
             for name in ("precision", "recall", "f1"):
                 metrics[f"{entity_type}_{name}"] = values[name]
         return metrics
+
+    def metric_names(self) -> tuple[str, ...]:
+        if not self._entity_metrics():
+            return ("accuracy", "words")
+        types = sorted({name.split("-", 1)[1] for name in self.label_names if name != "O"})
+        per_type = (f"{entity_type}_{name}" for entity_type in types for name in ("precision", "recall", "f1"))
+        return ("precision", "recall", "f1", "accuracy", "words", *per_type)
 
     def input_columns(self) -> tuple[str, ...]:
         return ("text", self.tokens_column)

@@ -77,7 +77,7 @@ class QATask(TaskBase):
     # Padded logit positions lie outside every window's offsets and are never read; a very low
     # value keeps them harmless anyway.
     output_pad_values: ClassVar[dict[str, float]] = {"start_logits": -1e4, "end_logits": -1e4}
-    higher_is_better: ClassVar[dict[str, bool]] = {"loss": False}
+    higher_is_better: ClassVar[dict[str, bool]] = {"exact_match": True, "f1": True}
     auto_model_class: ClassVar[type] = AutoModelForQuestionAnswering
     peft_task_type: ClassVar[str | None] = "QUESTION_ANS"
     onnx_outputs: ClassVar[tuple[str, ...]] = ("start_logits", "end_logits")
@@ -234,6 +234,12 @@ else:
         scores = self._metric.compute(predictions=predicted, references=references)
         scores["exact_match"] = scores.pop("exact")
         return scores
+
+    def metric_names(self) -> tuple[str, ...]:
+        if not self.options.version_2_with_negative:
+            return ("exact_match", "f1")
+        groups = (f"{group}_{name}" for group in ("HasAns", "NoAns") for name in ("exact", "f1", "total"))
+        return ("exact_match", "f1", "total", *groups, "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")
 
     def input_columns(self) -> tuple[str, ...]:
         return ("id", "question", "context")

@@ -42,7 +42,7 @@ class TranslationTask(TranslationModelBuilding, TaskBase):
     Options: ClassVar[type[TaskOptions]] = TranslationOptions
     pipeline_tag: ClassVar[str] = "translation"
     output_pad_values: dict[str, float] = {GENERATED_KEY: 0}
-    higher_is_better: ClassVar[dict[str, bool]] = {"bleu": True, "chrf": True, "loss": False}
+    higher_is_better: ClassVar[dict[str, bool]] = {"bleu": True, "chrf": True}
     auto_model_class: ClassVar[type] = AutoModelForSeq2SeqLM
     peft_task_type: ClassVar[str | None] = "SEQ_2_SEQ_LM"
     onnx_outputs: ClassVar[tuple[str, ...]] = ()  # generation is not exported
@@ -214,6 +214,9 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         if name not in self._metrics:
             self._metrics[name] = load_metric(name)
         return self._metrics[name]
+
+    def metric_names(self) -> tuple[str, ...]:
+        return ("bleu", "chrf", "gen_len", "bleu_lowercased")
 
     def compute_metrics(self, predictions: dict[str, Any], examples: Dataset) -> dict[str, float]:
         references = [[text] for text in examples[self.options.target_lang]]

@@ -11,10 +11,37 @@ from pipelines.train import BEST_MODEL_DIR, BestModel
 from tasks import get_task
 
 
-def best_model(tmp_path, *overrides):
+class ScoredTask:
+    """What BestModel reads of a task: the metrics it reports and their directions."""
+
+    name = "scored"
+    higher_is_better = {"loss": False}
+
+    def metric_names(self):
+        return ("loss", "accuracy", "pearson")
+
+
+def best_model(tmp_path, *overrides, task=None):
     config = load_config(None, ["train.eval_steps=1", *overrides],
                          base={"task": "classification", "output_dir": str(tmp_path / "run"), "data": {"path": "x"}})
-    return BestModel.from_config(config, get_task("classification"))
+    return BestModel.from_config(config, task or ScoredTask())
+
+
+def test_train_best_model_refuses_a_metric_the_task_does_not_report_before_training(tmp_path):
+    """Named only at the first evaluation, after eval_steps of training, in a run folder the corrected command refused."""
+    with pytest.raises(ConfigError, match=r"^train.metric_for_best_model='eval_f1' is not a metric the scored task reports with "
+                                          r"these settings; it reports eval_loss, eval_accuracy, eval_pearson$"):
+        best_model(tmp_path, "train.metric_for_best_model=eval_f1")
+    with pytest.raises(ConfigError, match="'accuracy' is not a metric"):
+        best_model(tmp_path, "train.metric_for_best_model=accuracy")  # metrics.json's name is eval_accuracy
+    options_for = lambda name: get_task(name).Options  # noqa: E731
+    config = load_config(None, ["train.eval_steps=1", "train.metric_for_best_model=eval_loss"], options_for,
+                         base={"task": "mlm", "output_dir": str(tmp_path / "mlm"), "data": {"path": "x"}})
+    assert BestModel.from_config(config, get_task("mlm")(config)).greater_is_better is False
+    config = load_config(None, ["train.eval_steps=1", "train.metric_for_best_model=eval_loss"], options_for,
+                         base={"task": "qa", "output_dir": str(tmp_path / "qa"), "data": {"path": "x"}})
+    with pytest.raises(ConfigError, match="it reports eval_exact_match, eval_f1$"):
+        BestModel.from_config(config, get_task("qa")(config))
 
 
 def test_train_best_model_saves_each_new_best_and_stops_when_patience_runs_out(tmp_path):
