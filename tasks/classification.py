@@ -188,7 +188,7 @@ class ClassificationTask(TaskBase):
         where = f"split {data.train_split!r} ({split_source(data, data.train_split)})"
         cut = (f"; data.max_train_samples={data.max_train_samples} keeps the split's first rows, and its rows may be sorted "
                "by label: shuffle the file or raise the limit") if data.max_train_samples else ""
-        # Before the missing labels: a label set read from the training rows themselves misses none of them.
+        # Whatever the label set names (the file's labels, classification.label_names, a ClassLabel), one label is refused.
         if len(present) < 2:
             only = self.label_names[next(iter(present))] if present else None
             raise DataError(f"{where}: every training example has label {only!r}; a classifier needs examples of two or more labels{cut}")
