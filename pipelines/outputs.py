@@ -39,10 +39,19 @@ LOG_FILE = "log.jsonl"
 PLOT_FILE = "training_curves.png"
 
 
+# What a run writes beside its config.yaml from its start on (pipelines.train._open_run_dir saves the tokenizer and
+# opens the step log right after the config), and a user's own folder holding a config.yaml of theirs has not.
+_RUN_FILES_FROM_THE_START = ("tokenizer_config.json", LOG_FILE, METRICS_FILE, "checkpoints")
+
+
 def is_run_dir(folder: str | Path) -> bool:
-    """A folder bertpipe wrote: its ``config.yaml`` is a resolved run config (task and output_dir)."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
+    """A folder bertpipe wrote: its ``config.yaml`` is a resolved run config (task and output_dir), beside the
+    files a run writes from its start. A config alone is not enough: a user's project folder that keeps its own
+    config as ``config.yaml`` (``output_dir`` naming that folder) was taken for a run, and ``overwrite=true``
+    deleted it, config, notes and code."""
+    folder = Path(folder)
+    path = folder / CONFIG_FILE
+    if not path.is_file() or not any((folder / name).exists() for name in _RUN_FILES_FROM_THE_START):
         return False
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -185,9 +194,17 @@ def _is_absent_or_empty(folder: Path) -> bool:
         return True
 
 
-def replaced_run_dir(run_dir: str | Path) -> Path:
-    """Where ``overwrite=true`` keeps the run it replaces until the new run finishes: ``.<name>.replaced`` beside it."""
+def _the_folder(run_dir: str | Path) -> Path:
+    """``run_dir``, or the folder it links to: an ``output_dir`` that is a symbolic link stays one, and the folder it
+    points to is what a replacement sets aside (renamed, the link itself became the old run, which was never deleted)."""
     run_dir = Path(run_dir)
+    return run_dir.resolve() if run_dir.is_symlink() else run_dir
+
+
+def replaced_run_dir(run_dir: str | Path) -> Path:
+    """Where ``overwrite=true`` keeps the run it replaces until the new run finishes: ``.<name>.replaced`` beside it
+    (beside the folder a symbolic link ``run_dir`` points to)."""
+    run_dir = _the_folder(run_dir)
     return run_dir.with_name(f".{run_dir.name}.replaced")
 
 
@@ -200,7 +217,7 @@ def set_aside_run_dir(run_dir: str | Path) -> Path:
     replacement that never finished is the last finished run and stays; the unfinished replacement
     in ``run_dir`` is what this command replaces.
     """
-    run_dir = Path(run_dir)
+    run_dir = _the_folder(run_dir)
     aside = replaced_run_dir(run_dir)
     if aside.exists() and not (run_dir / METRICS_FILE).exists():
         _discard(run_dir)
@@ -228,7 +245,7 @@ def _discard(run_dir: Path) -> None:
 def drop_replaced_run(run_dir: str | Path) -> None:
     """Delete the run a finished run replaced (nothing when it replaced none), and what an interrupted
     :func:`_discard` left."""
-    run_dir = Path(run_dir)
+    run_dir = _the_folder(run_dir)
     shutil.rmtree(replaced_run_dir(run_dir), ignore_errors=True)
     shutil.rmtree(run_dir.with_name(f".{run_dir.name}.discarded"), ignore_errors=True)
 

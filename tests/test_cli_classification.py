@@ -200,3 +200,39 @@ def test_cli_best_model_metric_the_task_does_not_report_is_refused_before_traini
             "it reports eval_accuracy, eval_f1, eval_f1_macro, eval_f1_micro, eval_precision_macro, eval_recall_macro, "
             "eval_matthews_correlation") in refused.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_overwrite_of_an_output_dir_that_is_a_symbolic_link_replaces_the_folder_it_points_to(tiny_bert, sentiment_files, tmp_path):
+    """The link itself was set aside as the old run, a real folder took its place, and the old run (the link's target)
+    was never deleted: rmtree of a link fails, silently at the end of the run and with an OSError at the next overwrite."""
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real" / "run")
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=2, eval_steps=None, mixed_precision="no")
+    run_cli("train", str(config), f"output_dir={tmp_path / 'real' / 'run'}")
+    first = (tmp_path / "real" / "run" / "metrics.json").read_text()
+    for seed in (8, 9):
+        run_cli("train", str(config), f"output_dir={link}", "overwrite=true", f"seed={seed}")
+        assert link.is_symlink() and link.resolve() == tmp_path / "real" / "run"
+        assert f"seed: {seed}\n" in (tmp_path / "real" / "run" / "config.yaml").read_text()
+        assert (tmp_path / "real" / "run" / "metrics.json").read_text() != first
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["link", "real", "run.yaml"]
+        assert sorted(path.name for path in (tmp_path / "real").iterdir()) == ["run"]  # the old run deleted, no .run.replaced
+
+
+def test_cli_overwrite_never_deletes_a_project_folder_that_keeps_its_config_as_config_yaml(tiny_bert, sentiment_files, tmp_path):
+    """`bertpipe train project/config.yaml overwrite=true` with output_dir naming the project: the folder was taken for a
+    run (its config.yaml has task and output_dir), and replaced, config, notes and code, with exit 0."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    (project / "notes.txt").write_text("what I tried\n")
+    classification_config(project, tiny_bert, sentiment_files, run_name="config", max_steps=2, mixed_precision="no")
+    config = project / "config.yaml"
+    config.write_text(config.read_text().replace(f"output_dir: {project / 'config'}", f"output_dir: {project}"))
+    before = {path: path.read_bytes() for path in sorted(project.rglob("*")) if path.is_file()}
+    for overwrite in ([], ["overwrite=true"]):
+        refused = run_cli("train", str(config), *overwrite, check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert f"output_dir {project} is not empty and is not a bertpipe run" in refused.stderr
+        assert {path: path.read_bytes() for path in sorted(project.rglob("*")) if path.is_file()} == before

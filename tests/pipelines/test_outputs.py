@@ -207,3 +207,27 @@ def test_outputs_training_curves_killed_mid_write_keep_the_earlier_image(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         plot_training_curves([*records, {"step": 3, "loss": 0.1}], path)
     assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_outputs_a_users_folder_holding_its_own_config_yaml_is_not_a_run(tmp_path, tiny_bert, sentiment_files):
+    """Any config.yaml with task and output_dir made a folder a run: a project folder keeping its config there (output_dir
+    naming the folder) was offered overwrite=true, which deleted the folder, config, notes and code."""
+    from pipelines.config_loading import load_config
+    from pipelines.errors import OutputDirError
+    from pipelines.outputs import check_output_dir, is_run_dir
+    from tasks import get_task
+
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    (project / "config.yaml").write_text(
+        f"task: classification\noutput_dir: {project}\nmodel:\n  name_or_path: {tiny_bert}\n"
+        f"data:\n  files:\n    train: {sentiment_files['train']}\n    validation: {sentiment_files['validation']}\n"
+        "  text_column: sentence\n")
+    assert not is_run_dir(project)
+    config = load_config(project / "config.yaml", ["overwrite=true"], lambda name: get_task(name).Options)
+    with pytest.raises(OutputDirError, match=rf"output_dir {project} is not empty and is not a bertpipe run"):
+        check_output_dir(config)
+
+    (project / "tokenizer_config.json").write_text("{}")  # what a run writes beside its config.yaml from its start
+    assert is_run_dir(project)
