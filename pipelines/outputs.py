@@ -82,6 +82,10 @@ def _run_inputs(config: RunConfig) -> dict[str, Path]:
         **data_files_by_key(config.data.files),
         # A distil run reads its teacher at every step; with distill.init=model no other key names it.
         "distill.teacher": config.distill.teacher if config.distill is not None else None,
+        # A task's own checkpoints (translation's encoder_name_or_path, decoder_name_or_path): inside the folder that
+        # overwrite=true deletes, the new run loaded them and then lost them with the old run.
+        **{f"{config.task}.{key}": value for key, value in config.task_options.model_dump().items()
+           if key.endswith("name_or_path") and isinstance(value, str)},
     }
     return {key: Path(value).expanduser().resolve() for key, value in named.items() if value and Path(value).expanduser().exists()}
 
@@ -151,6 +155,15 @@ def _check_run_dir_use(config: RunConfig, run_dir: Path) -> None:
             "bertpipe never writes into or deletes another folder's contents. Choose a new or empty output_dir."
         )
     if config.train.resume_from_checkpoint:
+        resumed = config.train.resume_from_checkpoint
+        # A resume continues its own run: into another run's folder it replaced that run's model, config and metrics
+        # (without overwrite=true, and without keeping it aside), and mixed the two runs' checkpoints.
+        if resumed != "latest" and not _inside(Path(resumed).resolve(), run_dir.resolve() / "checkpoints"):
+            raise OutputDirError(
+                f"output_dir {run_dir} holds another run: train.resume_from_checkpoint={resumed} is not one of its "
+                "checkpoints, and two runs never share one folder. Resume into the folder of the run the checkpoint "
+                "belongs to, or into a new or empty output_dir"
+            )
         return
     if config.overwrite:
         resolved = run_dir.resolve()

@@ -464,3 +464,21 @@ def test_cli_resume_checkpoint_records_the_contents_the_run_read_not_those_at_it
     recorded = json.loads((tmp_path / "run" / "checkpoints" / "step-00000002" / SOURCES_FILE).read_text())
     assert recorded == read and recorded["data.files.validation"] != source_digests(
         load_run_config(get_task, str(config), []).to_yaml_dict())["data.files.validation"]
+
+
+def test_cli_resume_from_another_runs_checkpoint_into_a_finished_run_is_refused(tmp_path, tiny_bert, sentiment_files):
+    """output_dir may change on a resume (a run moved, or continued in a new folder), but into another run's folder
+    the resumed run replaced that run's model, config and metrics, without overwrite=true, and mixed their checkpoints."""
+    keys = dict(max_steps=4, save_steps=2, eval_steps=None, mixed_precision="no")
+    first = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="a", **keys)
+    run_cli("train", str(first))
+    run_cli("train", str(classification_config(tmp_path, tiny_bert, sentiment_files, run_name="b", **keys)))
+    checkpoint = tmp_path / "b" / "checkpoints" / "step-00000002"
+    before = {path: path.read_bytes() for path in sorted((tmp_path / "a").rglob("*")) if path.is_file()}
+    result = run_cli("train", str(first), f"train.resume_from_checkpoint={checkpoint}", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (f"output_dir {tmp_path / 'a'} holds another run: train.resume_from_checkpoint={checkpoint} is not one of its "
+            "checkpoints") in result.stderr
+    assert {path: path.read_bytes() for path in sorted((tmp_path / "a").rglob("*")) if path.is_file()} == before
+    # Its own checkpoint, named by path, still resumes it.
+    run_cli("train", str(first), f"train.resume_from_checkpoint={tmp_path / 'a' / 'checkpoints' / 'step-00000002'}")

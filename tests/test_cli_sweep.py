@@ -268,7 +268,8 @@ def test_cli_sweep_writes_only_into_a_new_or_empty_folder_or_an_earlier_sweeps(t
     config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "taken")
     taken = tmp_path / "taken"
     taken.mkdir()
-    for contents, naming in (({"best.yaml": "mine\n"}, "holds no sweep"),
+    # A sweep.md of the user's own (notes) was taken for an earlier sweep's report, and replaced.
+    for contents, naming in (({"best.yaml": "mine\n"}, "holds no sweep"), ({"sweep.md": "# my notes\n"}, "holds no sweep"),
                              ({"config.yaml": "task: classification\noutput_dir: x\n", "metrics.json": "{}"}, "training run")):
         for name in list(taken.iterdir()):
             name.unlink()

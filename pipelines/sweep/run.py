@@ -104,8 +104,10 @@ def _pins(config: RunConfig, overrides: Sequence[str], workers: int) -> list[str
     return pins
 
 
-# What an earlier run of a sweep leaves in its output_dir (the journal only with the default storage).
-_SWEEP_FILES = (JOURNAL_FILE, TRIALS_DIR, LOCK_FILE, REPORT_FILE)
+def _holds_a_sweep(folder: Path) -> bool:
+    """What an earlier sweep leaves first in its output_dir: the workers' lock, the journal (default storage), trial
+    records. Not a ``sweep.md`` or a ``trials/`` folder alone: a user's notes were taken for a sweep and written over."""
+    return (folder / LOCK_FILE).is_file() or (folder / JOURNAL_FILE).is_file() or any((folder / TRIALS_DIR).glob(f"*/{TRIAL_FILE}"))
 
 
 def _check_output_dir(output_dir: Path) -> None:
@@ -117,7 +119,7 @@ def _check_output_dir(output_dir: Path) -> None:
     """
     if output_dir.exists() and not output_dir.is_dir():
         raise SweepError(f"output_dir {output_dir} is a file; a sweep writes its trials and report into a folder. Choose another output_dir")
-    if not output_dir.is_dir() or not any(output_dir.iterdir()) or any((output_dir / name).exists() for name in _SWEEP_FILES):
+    if not output_dir.is_dir() or not any(output_dir.iterdir()) or _holds_a_sweep(output_dir):
         return
     from pipelines.outputs import is_run_dir
 

@@ -231,3 +231,29 @@ def test_outputs_a_users_folder_holding_its_own_config_yaml_is_not_a_run(tmp_pat
 
     (project / "tokenizer_config.json").write_text("{}")  # what a run writes beside its config.yaml from its start
     assert is_run_dir(project)
+
+
+def test_outputs_overwrite_refuses_a_run_folder_holding_a_tasks_own_checkpoint(tmp_path, tiny_bert):
+    """translation.encoder_name_or_path inside the run that overwrite=true replaces: the new run loaded it, then the old
+    run was deleted with it, and the new config.yaml named a folder that no longer existed."""
+    import shutil
+
+    from pipelines.config_loading import load_config
+    from pipelines.errors import OutputDirError
+    from pipelines.outputs import check_output_dir
+    from tasks import get_task
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"task: translation\noutput_dir: {run}\n")
+    (run / "tokenizer_config.json").write_text("{}")
+    shutil.copytree(tiny_bert, run / "encoder")
+    config_path = tmp_path / "mt.yaml"
+    config_path.write_text(f"task: translation\noutput_dir: {run}\nmodel:\n  name_or_path: {tiny_bert}\n"
+                           f"data:\n  files:\n    train: {tmp_path / 't.jsonl'}\ntranslation:\n  source_lang: de\n  target_lang: en\n")
+    options_for = lambda name: get_task(name).Options  # noqa: E731
+    assert check_output_dir(load_config(config_path, ["overwrite=true"], options_for)) is True
+    for key in ("encoder_name_or_path", "decoder_name_or_path"):
+        config = load_config(config_path, ["overwrite=true", f"translation.{key}={run / 'encoder'}"], options_for)
+        with pytest.raises(OutputDirError, match=rf"but translation.{key}={run / 'encoder'} lies inside it \(an input of this run\)"):
+            check_output_dir(config)
