@@ -118,10 +118,14 @@ def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"no model.safetensors, safetensors index or pytorch_model.bin in {folder}")
 
 
-def _copy_side_files(src: Path, dst: Path) -> None:
-    """Tokenizer and other non-weight files (README, sentence-transformers files) go along unchanged."""
+def _copy_side_files(src: Path, dst: Path, leave_out: tuple[Path, ...] = ()) -> None:
+    """Tokenizer and other non-weight files (README, sentence-transformers files) go along unchanged; not ``dst``
+    itself, nor ``leave_out``, where they lie inside ``src`` (copied, a DST inside SRC held a copy of itself)."""
+    inside = {Path(path).resolve() for path in (dst, *leave_out)}
     for path in src.iterdir():
         if path.name in ("config.json", "generation_config.json") or _WEIGHT_FILES.match(path.name) or _OTHER_FORMAT_WEIGHTS.match(path.name):
+            continue
+        if path.resolve() in inside:
             continue
         target = dst / path.name
         if path.is_dir():
@@ -213,11 +217,12 @@ def _ours_to_bert(state, config_dict):
     return converted, config, _REVERSE_ARCHITECTURES[architecture]
 
 
-def convert_bert(src: str, dst: str, reverse: bool = False) -> None:
+def convert_bert(src: str, dst: str, reverse: bool = False, *, leave_out: tuple[str, ...] = ()) -> None:
     """Write ``dst`` as the bertpipe_bert version of the transformers BERT checkpoint ``src`` (or back).
 
     The model is rebuilt and its weights loaded strictly before saving, so a missing or unexpected tensor
-    fails here instead of silently re-initialising a layer at load time.
+    fails here instead of silently re-initialising a layer at load time. ``leave_out``: folders inside
+    ``src`` that are not its side files (the destination ``dst`` stages for).
     """
     import transformers
 
@@ -256,4 +261,4 @@ def convert_bert(src: str, dst: str, reverse: bool = False) -> None:
 
     dst_path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst_path)
-    _copy_side_files(src_path, dst_path)
+    _copy_side_files(src_path, dst_path, tuple(Path(path) for path in leave_out))

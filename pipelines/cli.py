@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 # Only light modules here (no torch, transformers or datasets): each command imports what it runs
 # after its arguments are parsed, so help, --version and argument errors answer at once.
-from pipelines.atomic_writes import check_replaceable_folder
+from pipelines.atomic_writes import check_replaceable_folder, replacing_folder
 from pipelines.config import RunConfig
 from pipelines.config_loading import load_config
 from pipelines.errors import ModelError, OutputDirError, RunStopped, UserError, failures_named
@@ -342,9 +342,11 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         _check_new_folder("destination", args.destination, "the converted model")
         from models.convert import convert_bert
 
-        # A checkpoint of another kind is bad input, which models/ reports as a plain ValueError.
-        with failures_named(ModelError, f"convert-bert {args.source}"):
-            convert_bert(args.source, args.destination, reverse=args.reverse)
+        # A checkpoint of another kind is bad input, which models/ reports as a plain ValueError. Staged beside the
+        # destination and renamed into place: a failure or a kill mid-write left a half-filled folder the rerun refused.
+        with failures_named(ModelError, f"convert-bert {args.source}"), \
+                replacing_folder(Path(args.destination), label="destination") as staging:
+            convert_bert(args.source, str(staging), reverse=args.reverse, leave_out=(args.destination,))
         print(f"wrote {args.destination}")
     elif args.command == "attention":
         _check_new_folder("--out", args.out, "the heatmaps")

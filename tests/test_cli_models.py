@@ -144,3 +144,20 @@ def test_cli_translation_with_our_transformer(tmp_path, tiny_bert):
     assert type(translator.model).__name__ == "BertpipeTransformerForConditionalGeneration"
     served = translator([row["source"] for row in generated])
     assert [item["translation_text"] for item in served] == [row["hypothesis"] for row in generated]
+
+
+def test_cli_convert_bert_leaves_no_half_destination_and_no_copy_of_it_inside_the_source(tmp_path, tiny_bert, capsys):
+    """Written in place: a conversion failing at the side files left the destination half-filled (the rerun refused it
+    as not empty), and a destination inside the source got a copy of itself from the side-file copy."""
+    import shutil
+
+    source = shutil.copytree(tiny_bert, tmp_path / "source")
+    (source / "README.md").symlink_to(tmp_path / "nowhere.md")  # a side file that cannot be copied
+    assert main(["convert-bert", str(source), str(tmp_path / "converted")]) == 2
+    assert "convert-bert" in capsys.readouterr().err
+    assert not (tmp_path / "converted").exists() and not list(tmp_path.glob(".converted*"))
+
+    (source / "README.md").unlink()
+    assert main(["convert-bert", str(source), str(source / "ours")]) == 0
+    assert (source / "ours" / "model.safetensors").is_file() and (source / "ours" / "tokenizer_config.json").is_file()
+    assert not (source / "ours" / "ours").exists() and not list(source.glob(".ours*"))
