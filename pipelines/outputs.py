@@ -39,9 +39,11 @@ LOG_FILE = "log.jsonl"
 PLOT_FILE = "training_curves.png"
 
 
-# What a run writes beside its config.yaml from its start on (pipelines.train._open_run_dir saves the tokenizer and
-# opens the step log right after the config), and a user's own folder holding a config.yaml of theirs has not.
-_RUN_FILES_FROM_THE_START = ("tokenizer_config.json", LOG_FILE, METRICS_FILE, "checkpoints")
+# What a run writes beside its config.yaml (pipelines.train._open_run_dir saves the tokenizer right after the config),
+# by names a user's own folder holding a config.yaml of theirs would not have: not a log.jsonl or a checkpoints/ alone.
+def _holds_run_files(folder: Path) -> bool:
+    return ((folder / "tokenizer_config.json").is_file() or (folder / METRICS_FILE).is_file()
+            or any(folder.glob("checkpoints/step-*/trainer_state.json")))
 
 
 def is_run_dir(folder: str | Path) -> bool:
@@ -51,7 +53,7 @@ def is_run_dir(folder: str | Path) -> bool:
     deleted it, config, notes and code."""
     folder = Path(folder)
     path = folder / CONFIG_FILE
-    if not path.is_file() or not any((folder / name).exists() for name in _RUN_FILES_FROM_THE_START):
+    if not path.is_file() or not _holds_run_files(folder):
         return False
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))

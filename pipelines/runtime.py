@@ -191,6 +191,19 @@ def end_run(accelerator: Accelerator) -> None:
     del group  # the group's last reference: destroyed here, with the GIL released
 
 
+def check_trackers(report_to: list[str]) -> None:
+    """Refuse a ``train.report_to`` tracker whose package is not installed, before anything is loaded or written:
+    Accelerate leaves such a tracker out with a log line, and the run trained and exited 0 with nothing tracked."""
+    import accelerate.utils
+
+    missing = [name for name in report_to if not getattr(accelerate.utils, f"is_{name}_available")()]
+    if missing:
+        raise ConfigError(
+            f"train.report_to: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here "
+            f"(pip install {' '.join(missing)}), and the run would track nothing there; install it or leave it out"
+        )
+
+
 def check_compile_backend(name: str) -> None:
     """Refuse a ``train.compile_backend`` that this torch does not know, before anything is loaded or written."""
     import torch._dynamo

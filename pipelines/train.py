@@ -49,7 +49,7 @@ from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, pla
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
 from pipelines.runtime import (
-    build_accelerator, check_compile_backend, end_run, resolve_mixed_precision, wrap_model_layers_for_fsdp,
+    build_accelerator, check_compile_backend, check_trackers, end_run, resolve_mixed_precision, wrap_model_layers_for_fsdp,
 )
 from pipelines.task import Task
 
@@ -331,6 +331,7 @@ def _check_run_settings(config: RunConfig, task: Task, mixed_precision: str) -> 
         raise ConfigError("train.pack_sequences: not with distill (the teacher would need packed inputs too)")
     if config.train.compile:
         check_compile_backend(config.train.compile_backend)
+    check_trackers(config.train.report_to)
     replace_old_run = outputs.check_output_dir(config)
     resume_folder = None
     if config.train.resume_from_checkpoint:

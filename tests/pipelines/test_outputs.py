@@ -224,6 +224,8 @@ def test_outputs_a_users_folder_holding_its_own_config_yaml_is_not_a_run(tmp_pat
         f"task: classification\noutput_dir: {project}\nmodel:\n  name_or_path: {tiny_bert}\n"
         f"data:\n  files:\n    train: {sentiment_files['train']}\n    validation: {sentiment_files['validation']}\n"
         "  text_column: sentence\n")
+    (project / "log.jsonl").write_text("{}\n")  # names other tools use too
+    (project / "checkpoints" / "checkpoint-500").mkdir(parents=True)
     assert not is_run_dir(project)
     config = load_config(project / "config.yaml", ["overwrite=true"], lambda name: get_task(name).Options)
     with pytest.raises(OutputDirError, match=rf"output_dir {project} is not empty and is not a bertpipe run"):

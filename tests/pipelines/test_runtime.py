@@ -94,6 +94,19 @@ def test_runtime_fp16_on_a_cpu_is_a_config_error(cpu_with_flags):
         runtime.resolve_mixed_precision("fp16")
 
 
+def test_runtime_a_tracker_that_is_not_installed_is_refused_naming_it(monkeypatch):
+    """Accelerate leaves out a tracker it cannot import, with a log line: train.report_to=[wandb] without wandb trained
+    and exited 0 with nothing tracked."""
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "is_wandb_available", lambda: False)
+    monkeypatch.setattr(accelerate.utils, "is_tensorboard_available", lambda: True)
+    runtime.check_trackers(["tensorboard"])
+    runtime.check_trackers([])
+    with pytest.raises(ConfigError, match=r"^train.report_to: wandb is not installed here \(pip install wandb\)"):
+        runtime.check_trackers(["tensorboard", "wandb"])
+
+
 def test_runtime_inference_precision_is_fp32_unless_asked(cpu_with_flags):
     cpu_with_flags("fpu avx2 avx512_bf16")
     assert runtime.resolve_inference_precision() == "no"
