@@ -328,7 +328,9 @@ class MlmTask(TaskBase):
         tokenizer = self.tokenizer
         texts = [text.replace("[MASK]", tokenizer.mask_token) for text in examples["text"]]
         encoded = tokenizer(texts, truncation=True, max_length=self.config.data.max_seq_length)
-        places = self._input_places or [f"input example {number}" for number in range(1, len(texts) + 1)]
+        places = self._input_places
+        if places is None or len(places) != len(texts):  # examples that did not come from load_inputs
+            places = [f"input example {number}" for number in range(1, len(texts) + 1)]
         for index, ids in enumerate(encoded["input_ids"]):
             if tokenizer.mask_token_id not in ids:
                 raise DataError(f"{places[index]} ({texts[index][:60]!r}) holds no {tokenizer.mask_token} token (within data.max_seq_length)")
