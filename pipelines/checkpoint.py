@@ -209,11 +209,18 @@ def _as_read_now(key: str, value: object) -> object:
     return absolute_if_local(value) if isinstance(value, str) else value
 
 
+def _is_digested(key: str) -> bool:
+    # A task's own model options (translation's encoder_name_or_path) are kept as written, relative or not,
+    # so they are not path keys; their contents are still what the run trained from.
+    return _is_path_key(key) or key.endswith("name_or_path")
+
+
 def source_digests(config: dict) -> dict[str, str]:
-    """A digest of the contents of each local file or folder (or list of files) a path key of ``config`` names."""
+    """A digest of the contents of each local file or folder (or list of files) a path key of ``config``, or a
+    task option naming a model (``*name_or_path``), names."""
     digests = {}
     for key, value in _flatten(config).items():
-        if _is_path_key(key) and (digest := _content_digest(key, value)) is not None:
+        if _is_digested(key) and (digest := _content_digest(key, value)) is not None:
             digests[key] = digest
     return digests
 

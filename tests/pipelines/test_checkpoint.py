@@ -267,6 +267,25 @@ def test_checkpoint_resume_at_the_same_paths_compares_contents_too(tmp_path):
     assert f"model.name_or_path: {str(model)!r}, the same path, but its contents changed since the checkpoint" in str(refused.value)
 
 
+def test_checkpoint_resume_compares_a_task_models_contents(tmp_path, monkeypatch):
+    # translation.encoder_name_or_path / decoder_name_or_path are kept as written (relative paths stay relative):
+    # an encoder retrained in place was never digested, and the resume went on with other weights.
+    monkeypatch.chdir(tmp_path)
+    encoder = Path("encoder")
+    encoder.mkdir()
+    (encoder / "config.json").write_text('{"hidden_size": 32}')
+    (encoder / "model.safetensors").write_bytes(b"weights")
+    saved = changed(task="translation", translation={"encoder_name_or_path": "encoder", "decoder_name_or_path": "gpt2"})
+    checkpoint = _checkpoint_with_sources(tmp_path, saved)
+    check_resume_config(checkpoint, saved)
+
+    (encoder / "model.safetensors").write_bytes(b"retrained")
+    with pytest.raises(CheckpointError) as refused:
+        check_resume_config(checkpoint, saved)
+    assert re.findall(r"\n  (\S+): ", str(refused.value)) == ["translation.encoder_name_or_path"]
+    assert "translation.encoder_name_or_path: 'encoder', the same path, but its contents changed" in str(refused.value)
+
+
 def test_checkpoint_resume_compares_the_precision_trained_in_not_the_setting(tmp_path):
     # `auto` is bf16 on one CPU and fp32 on the next: equal settings, another precision.
     saved = changed(train={**SAVED["train"], "mixed_precision": "auto"})
