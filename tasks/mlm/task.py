@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
-from pipelines.config import RunConfig, TaskOptions
+from pipelines.config import DataConfig, RunConfig, TaskOptions
 from pipelines.data import finalize_splits, load_raw, require_columns, require_text, split_source
 from pipelines.errors import DataError
 from pipelines.files import builder_for_files, read_inputs, skip_blank_lines
@@ -54,6 +54,11 @@ def _mark_special(ids: list[int], special: list[int], special_ids: set[int]) -> 
 
 def _prediction_logits(outputs) -> torch.Tensor:
     return outputs.prediction_logits if hasattr(outputs, "prediction_logits") else outputs.logits
+
+
+def _no_text(data: DataConfig, split: str, rows: int) -> DataError:
+    held = "its only row is" if rows == 1 else f"all {rows} rows are"
+    return DataError(f"split {split!r} ({split_source(data, split)}): {held} empty (or headings); the corpus holds no text")
 
 
 # ----- the task -------------------------------------------------------------------------------
@@ -96,6 +101,10 @@ class MlmTask(TaskBase):
             # Numbers (or a mix) in the text column would reach str.strip below, and 0 or false be dropped as empty.
             require_text(split, [self.text_column], f"split {split_name!r} ({split_source(data, split_name)})", keys="data.text_column")
         rows = {name: list(split[self.text_column]) for name, split in raw.items()}
+        # Before the hold-out, so that the message counts the file's rows and names it.
+        for name, split_rows in rows.items():
+            if split_rows and not clean_rows(split_rows, drop_headings=self.options.drop_headings):
+                raise _no_text(data, name, len(split_rows))
         if data.eval_split not in rows and data.validation_fraction and data.train_split in rows:
             corpus = rows[data.train_split]
             train_rows, held_rows = hold_out_documents(split_documents(corpus), data.validation_fraction, self.config.seed)
@@ -106,8 +115,8 @@ class MlmTask(TaskBase):
             kept = clean_rows(split_rows, drop_headings=self.options.drop_headings)
             if len(kept) < len(split_rows):
                 logger.info("split %r: dropped %d empty/heading rows of %d", name, len(split_rows) - len(kept), len(split_rows))
-            if split_rows and not kept:
-                raise DataError(f"split {name!r}: all {len(split_rows)} rows are empty (or headings); the corpus holds no text")
+            if split_rows and not kept:  # one side of the hold-out got only documents that are a heading alone
+                raise _no_text(data, name, len(split_rows))
             cleaned[name] = Dataset.from_dict({"text": kept})
         return finalize_splits(cleaned, data, self.config.seed, need_train=include_train)
 

@@ -208,6 +208,27 @@ def test_mlm_hold_out_of_a_single_document_is_a_data_error():
         hold_out_documents([[0, 1, 2]], 0.2, seed=1)
 
 
+@pytest.mark.parametrize("text", ["\n\n  \n", " = A = \n = B = \n = C = \n"], ids=["blank", "headings"])
+def test_mlm_corpus_without_text_is_refused_naming_its_file_and_rows(tmp_path, text):
+    # Checked before the hold-out: blank rows were refused as "a single document" by the hold-out, and
+    # headings-only counted the rows left after it, named by the split alone.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    task = MlmTask(mlm_config(tmp_path, corpus))
+    with pytest.raises(DataError, match=rf"^split 'train' \(data.files.train: {re.escape(str(corpus))}\): all 3 rows are empty "
+                                        r"\(or headings\); the corpus holds no text$"):
+        task.load()
+
+
+def test_mlm_held_out_part_of_headings_alone_is_refused_naming_the_hold_out(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" = A = \ntext a\n = B = \ntext b\n = C = \n")  # documents A, B and C; C is its heading alone
+    task = MlmTask(mlm_config(tmp_path, corpus))  # seed 3 holds out C
+    with pytest.raises(DataError, match=r"^split 'validation' \(held out of data.files.train by data.validation_fraction\): "
+                                        r"its only row is empty \(or headings\)"):
+        task.load()
+
+
 def test_mlm_sentence_pairs_label_continuations():
     rows = [list(range(i * 100, i * 100 + 7)) for i in range(200)]
     pairs = make_sentence_pairs(rows, 20, np.random.default_rng(0))
