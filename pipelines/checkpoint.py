@@ -24,7 +24,7 @@ from accelerate.utils import load as accelerate_load
 from accelerate.utils.constants import RNG_STATE_NAME
 
 from pipelines.atomic_writes import write_text_atomically
-from pipelines.config import absolute_if_local
+from pipelines.config import absolute_if_local, is_model_option
 from pipelines.errors import UserError, describe
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -212,7 +212,7 @@ def _as_read_now(key: str, value: object) -> object:
 def _is_digested(key: str) -> bool:
     # A task's own model options (translation's encoder_name_or_path) are kept as written, relative or not,
     # so they are not path keys; their contents are still what the run trained from.
-    return _is_path_key(key) or key.endswith("name_or_path")
+    return _is_path_key(key) or is_model_option(key)
 
 
 def source_digests(config: dict) -> dict[str, str]:

@@ -70,6 +70,12 @@ class TaskOptions(Section):
     """Settings a task adds under its own section; tasks subclass this."""
 
 
+def is_model_option(name: str) -> bool:
+    """A task option (or its dotted key) naming a model the task loads, e.g. translation's
+    ``encoder_name_or_path``: an input of the run, like ``model.name_or_path``."""
+    return name.endswith("name_or_path")
+
+
 class PeftConfig(Section):
     """Parameter-efficient fine-tuning: freeze the base model, train small adapters plus the task head.
 

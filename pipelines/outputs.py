@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from pipelines.atomic_writes import json_safe, open_beside, replacing_files, write_text_atomically
-from pipelines.config import RunConfig
+from pipelines.config import RunConfig, is_model_option
 from pipelines.config_loading import read_yaml
 from pipelines.errors import OutputDirError
 
@@ -87,7 +87,7 @@ def _run_inputs(config: RunConfig) -> dict[str, Path]:
         # A task's own checkpoints (translation's encoder_name_or_path, decoder_name_or_path): inside the folder that
         # overwrite=true deletes, the new run loaded them and then lost them with the old run.
         **{f"{config.task}.{key}": value for key, value in config.task_options.model_dump().items()
-           if key.endswith("name_or_path") and isinstance(value, str)},
+           if is_model_option(key) and isinstance(value, str)},
     }
     return {key: Path(value).expanduser().resolve() for key, value in named.items() if value and Path(value).expanduser().exists()}
 
