@@ -92,6 +92,11 @@ class Task(Protocol):
         known once ``load`` has run, so that ``train.metric_for_best_model`` is checked before training. One that
         depends on the eval split (an entity type it lacks, SQuAD v2's NoAns_ group) is listed too."""
 
+    def metrics_absent_from(self, examples: Dataset) -> dict[str, str]:
+        """The ``metric_names`` that ``compute_metrics`` cannot report on these eval ``examples``, each with why
+        (an entity type no gold sentence holds): checked before training against ``train.metric_for_best_model``,
+        which otherwise came and went with the predictions, or stopped the run at an evaluation hours in."""
+
     def format_predictions(self, predictions: Any, examples: Dataset) -> list[dict[str, Any]]: ...
 
     def input_columns(self) -> tuple[str, ...]:
@@ -121,6 +126,9 @@ class TaskBase:
 
         self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
         return self.tokenizer
+
+    def metrics_absent_from(self, examples: Dataset) -> dict[str, str]:
+        return {}  # every metric the task names is reported on any eval split
 
     def pipeline_inputs(self, examples: Dataset) -> list[Any] | None:
         return None  # no pipeline() whose outputs are one label and score per input

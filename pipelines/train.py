@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 from accelerate.utils import set_seed
+from datasets import Dataset
 from tqdm.auto import tqdm
 
 from pipelines import outputs
@@ -166,7 +167,7 @@ def _run(
             f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
         )
 
-    best = BestModel.from_config(config, task)  # before the run folder is written: it may refuse the metric's name
+    best = BestModel.from_config(config, task, data.eval_examples)  # before the run folder is written: it may refuse the metric's name
     step_log = _open_run_dir(accelerator, config, state, data.tokenizer, replace_old_run=replace_old_run, on_start=on_start)
 
     def log(record: dict[str, Any]) -> None:
@@ -514,12 +515,17 @@ class BestModel:
     patience: int | None
 
     @classmethod
-    def from_config(cls, config: RunConfig, task: Task) -> "BestModel":
+    def from_config(cls, config: RunConfig, task: Task, eval_examples: Dataset | None = None) -> "BestModel":
         metric_name = config.train.metric_for_best_model
         reported = [f"eval_{name}" for name in task.metric_names()]
         if metric_name and metric_name not in reported:
             raise ConfigError(f"train.metric_for_best_model={metric_name!r} is not a metric the {task.name} task reports with "
                               f"these settings; it reports {', '.join(reported)}")
+        absent = task.metrics_absent_from(eval_examples) if metric_name and eval_examples is not None else {}
+        if metric_name and (why := absent.get(metric_name.removeprefix("eval_"))):
+            always = ", ".join(name for name in reported if name.removeprefix("eval_") not in absent)
+            raise ConfigError(f"train.metric_for_best_model={metric_name!r} is not reported on this run's eval split: {why}. "
+                              f"Choose one it reports at every evaluation ({always}), or an eval split that holds it")
         greater_is_better = config.train.metric_greater_is_better(metric_name, task.higher_is_better)
         folder = Path(config.output_dir) / BEST_MODEL_DIR if config.train.load_best_model_at_end else None
         return cls(metric_name, greater_is_better, folder, config.train.early_stopping_patience)

@@ -227,6 +227,19 @@ def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_pa
     assert f"{bad}:2" in result.stderr and "'B-ORG'" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_cli_ner_best_model_metric_of_a_type_the_eval_split_lacks_is_refused_before_training(ner_setup, tmp_path):
+    """eval_LOC_f1 on an eval split without a LOC: scored (zeros) where the model predicted a LOC, missing where it did
+    not, so the run either picked its best model by noise or stopped at an evaluation with training lost."""
+    no_loc = write_jsonl(tmp_path / "validation.jsonl", [{"tokens": ["alice", "left"], "ner_tags": ["B-PER", "O"]}])
+    result = run_cli("train", str(ner_setup["config"]), f"output_dir={tmp_path / 'run'}", f"data.files.validation={no_loc}",
+                     "train.metric_for_best_model=eval_LOC_f1", "train.max_steps=4", "train.eval_steps=2", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert ("train.metric_for_best_model='eval_LOC_f1' is not reported on this run's eval split: the eval split holds no "
+            "LOC entity. Choose one it reports at every evaluation (eval_precision, eval_recall, eval_f1, eval_accuracy, "
+            "eval_words, eval_PER_precision, eval_PER_recall, eval_PER_f1)") in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_ner_lora_adapter_run_trains_and_reloads(ner_setup, tmp_path):
     from tests.conftest import check_lora_run
 

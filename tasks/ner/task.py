@@ -361,6 +361,16 @@ class NerTask(TaskBase):
         per_type = (f"{entity_type}_{name}" for entity_type in types for name in ("precision", "recall", "f1"))
         return ("precision", "recall", "f1", "accuracy", "words", *per_type)
 
+    def metrics_absent_from(self, examples: Dataset) -> dict[str, str]:
+        if not self._entity_metrics():
+            return {}
+        # seqeval scores a type only when the references or the predictions hold one: without gold entities of
+        # a type its scores are zeros that come and go with what the model predicts.
+        held = {tag.split("-", 1)[1] for tags in examples["tags"] for tag in tags if tag != "O"}
+        types = sorted({name.split("-", 1)[1] for name in self.label_names if name != "O"} - held)
+        return {f"{entity_type}_{name}": f"the eval split holds no {entity_type} entity"
+                for entity_type in types for name in ("precision", "recall", "f1")}
+
     def input_columns(self) -> tuple[str, ...]:
         return ("text", self.tokens_column)
 

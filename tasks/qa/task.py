@@ -241,6 +241,18 @@ else:
         groups = (f"{group}_{name}" for group in ("HasAns", "NoAns") for name in ("exact", "f1", "total"))
         return ("exact_match", "f1", "total", *groups, "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")
 
+    def metrics_absent_from(self, examples: Dataset) -> dict[str, str]:
+        if not self.options.version_2_with_negative:
+            return {}
+        # evaluate-v2.0.py scores a group only when the eval split holds a question of it.
+        answerable = [bool(answers["text"]) for answers in examples["answers"]]
+        absent = {}
+        for group, holds, what in (("HasAns", any(answerable), "answerable"), ("NoAns", not all(answerable), "unanswerable")):
+            if not holds:
+                why = f"the eval split holds no {what} question, and SQuAD v2 scores the {group} group over those alone"
+                absent.update({f"{group}_{name}": why for name in ("exact", "f1", "total")})
+        return absent
+
     def input_columns(self) -> tuple[str, ...]:
         return ("id", "question", "context")
 

@@ -296,6 +296,23 @@ def test_ner_load_reads_conll_and_jsonl_and_infers_the_label_set(tmp_path):
     assert raw["train"]["location"] == [f"{train}:3", f"{train}:8"]
 
 
+def test_ner_metrics_absent_from_an_eval_split_are_the_types_no_gold_sentence_holds(tmp_path):
+    """train.metric_for_best_model=eval_ORG_f1 on an eval split without an ORG: seqeval scored ORG (zeros) at an
+    evaluation where the model predicted one, and at the next, where it did not, the run stopped hours in."""
+    train = _write(tmp_path / "train.txt", CONLL)
+    validation = _write(tmp_path / "validation.jsonl", json.dumps({"tokens": ["Peter", "left"], "ner_tags": ["B-PER", "O"]}) + "\n")
+    task = _task(tmp_path, {"train": train, "validation": validation})
+    raw = task.load()
+    absent = task.metrics_absent_from(raw["validation"])
+    assert absent == {f"{entity_type}_{name}": f"the eval split holds no {entity_type} entity"
+                      for entity_type in ("MISC", "ORG") for name in ("precision", "recall", "f1")}
+    assert set(task.compute_metrics({"tags": [["B-PER", "O"]]}, raw["validation"])) == set(task.metric_names()) - set(absent)
+    assert task.compute_metrics({"tags": [["B-ORG", "O"]]}, raw["validation"])["ORG_f1"] == 0.0
+    assert task.metrics_absent_from(raw["train"]) == {}
+    pos = _task(tmp_path, {"train": train, "validation": validation}, label_names=["NN", "VB"])  # accuracy alone
+    assert pos.metrics_absent_from(raw["validation"]) == {}
+
+
 @pytest.mark.parametrize(
     "row, message",
     [

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from datasets import Dataset
 
 from pipelines.config_loading import load_config
 from pipelines.errors import DataError
@@ -487,6 +488,28 @@ def test_qa_squad_v2_metric_splits_and_best_threshold():
     # An explicit threshold turns confident no-answer predictions into abstentions.
     strict = squad_v2_scores(predictions, references, na, no_answer_threshold=0.5)
     assert strict["exact"] == pytest.approx(75.0)
+
+
+def test_qa_v2_metrics_absent_from_an_eval_split_are_the_groups_it_holds_no_question_of():
+    """train.metric_for_best_model=eval_NoAns_f1 on an eval split of answerable questions was refused only at the
+    first evaluation, after eval_steps of training."""
+    config = load_config(REPO_ROOT / "configs/qa/squad_v2.yaml", ["data.files.train=t.json", "data.files.validation=d.json"],
+                         lambda task: get_task(task).Options)
+    task = get_task("qa")(config)
+    answered = Dataset.from_dict({"answers": [{"text": ["alice"], "answer_start": [0]}, {"text": ["bob"], "answer_start": [10]}]})
+    mixed = Dataset.from_dict({"answers": [{"text": ["alice"], "answer_start": [0]}, {"text": [], "answer_start": []}]})
+    unanswered = Dataset.from_dict({"answers": [{"text": [], "answer_start": []}]})
+    why = "the eval split holds no unanswerable question, and SQuAD v2 scores the NoAns group over those alone"
+    assert task.metrics_absent_from(answered) == {f"NoAns_{name}": why for name in ("exact", "f1", "total")}
+    assert set(task.metrics_absent_from(unanswered)) == {"HasAns_exact", "HasAns_f1", "HasAns_total"}
+    assert task.metrics_absent_from(mixed) == {}
+    for examples in (answered, mixed, unanswered):  # what the metric reports on each, whatever the predictions
+        predictions = [{"prediction_text": "alice", "no_answer_probability": 0.3}] * len(examples)
+        reported = task.compute_metrics(predictions, examples)
+        assert set(reported) == set(task.metric_names()) - set(task.metrics_absent_from(examples))
+    version_1 = get_task("qa")(load_config(REPO_ROOT / "configs/qa/squad.yaml", ["data.files.train=t.json", "data.files.validation=d.json"],
+                                           lambda task: get_task(task).Options))
+    assert version_1.metrics_absent_from(unanswered) == {}
 
 
 # ----- configs and bad input ---------------------------------------------------------------------
