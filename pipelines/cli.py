@@ -297,7 +297,7 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         from pipelines.evaluation import predict_file
 
         count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output, precision=args.precision)
-        print(f"wrote {count} predictions to {args.output}")
+        _print_on_main_process(f"wrote {count} predictions to {args.output}")
     elif args.command == "benchmark" and args.predict:
         from pipelines.benchmark import run_predict_benchmark
 
@@ -379,10 +379,15 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
 
 
 def _print_metrics(metrics: dict) -> None:
+    _print_on_main_process(json.dumps(metrics, indent=2))
+
+
+def _print_on_main_process(text: str) -> None:
+    """Under ``accelerate launch`` every process runs the command; one report, not one per process."""
     from accelerate.state import PartialState
 
     if PartialState().is_main_process:
-        print(json.dumps(metrics, indent=2))
+        print(text)
 
 
 def configure_logging() -> None:

@@ -243,6 +243,41 @@ def test_cli_two_process_run_counts_every_eval_example_once(runs):
     assert [(r["process_index"], r["node_rank"], r["local_world_size"]) for r in ranks_of(runs["one_ranks"])] == [(0, 0, 2), (1, 0, 2)]
 
 
+def test_cli_two_processes_evaluate_and_predict_what_one_process_does(runs, sentiment_files, tmp_path):
+    """`accelerate launch ... -m tasks.cli evaluate|predict`: every example forwarded on one of two processes and
+    gathered once, the file written once (by the main process), and the same scores and predictions as one process."""
+    from tests.conftest import run_cli
+
+    run, validation = runs["one"], sentiment_files["validation"]
+
+    def launched(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+             "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), "-m", "tasks.cli", *command],
+            cwd=tmp_path, env=launch_env(), capture_output=True, text=True, timeout=600,
+        )
+
+    evaluated = launched("evaluate", str(run), "train.eval_batch_size=3")
+    assert evaluated.returncode == 0, evaluated.stderr[-4000:]
+    two = json.loads((run / "eval_validation.json").read_text())
+    predicted = launched("predict", str(run), "--input", str(validation), "--output", str(tmp_path / "two.jsonl"))
+    assert predicted.returncode == 0, predicted.stderr[-4000:]
+    assert predicted.stdout.count("wrote 37 predictions") == 1, predicted.stdout  # the main process's report alone
+    run_cli("evaluate", str(run))
+    one = json.loads((run / "eval_validation.json").read_text())
+    run_cli("predict", str(run), "--input", str(validation), "--output", str(tmp_path / "one.jsonl"))
+
+    assert (two["num_processes"], one["num_processes"]) == (2, 1)
+    assert two["eval_samples"] == one["eval_samples"] == 37
+    for key in ("eval_accuracy", "eval_f1", "eval_matthews_correlation"):
+        assert two[key] == pytest.approx(one[key], rel=1e-6), key
+    rows = [json.loads(line) for line in (tmp_path / "two.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
+    assert [row["text"] for row in rows] == [row["text"] for row in expected] and len(rows) == 37
+    assert [row["label"] for row in rows] == [row["label"] for row in expected]
+    assert [row["score"] for row in rows] == pytest.approx([row["score"] for row in expected], abs=1e-5)
+
+
 def test_cli_two_machines_train_what_one_machine_with_two_processes_trains(runs):
     from safetensors.torch import load_file
 
