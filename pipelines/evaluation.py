@@ -27,13 +27,13 @@ from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model, save_m
 from pipelines.atomic_writes import replacing_folder, write_json, writing_atomically
 from pipelines.batching import eval_dataloader, exact_eval_batch_size
 from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
-from pipelines.config import DataConfig, RunConfig
+from pipelines.config import RunConfig
 from pipelines.data import split_source
 from pipelines.errors import ModelError, OutputDirError, failures_named
 from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
 from pipelines.onnx_model import export_precision, is_export_dir
-from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key
+from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key, is_run_dir, run_inputs
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
 
@@ -180,7 +180,7 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     The output is written beside its final name and renamed into place, so a failure never leaves a
     half-written file, and it may not be the input itself or one of the run's own files.
     """
-    check_prediction_output(run_dir, input_path, output_path, data=config.data, run_files=task.run_files)
+    check_prediction_output(run_dir, input_path, output_path, config=config, run_files=task.run_files)
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     examples = task.load_inputs(input_path)
     # Read before the forward pass: a column the output cannot carry fails now, not after minutes of predicting.
@@ -204,13 +204,12 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     return len(rows)
 
 
-# Inputs whose rows are rows of one table. Not .json (a nested SQuAD file is one object, not rows), .txt
-# (its one column is the text) or .conll (words and tags only).
 def check_prediction_output(
-    run_dir: str, input_path: str, output_path: str, *, data: DataConfig | None = None, run_files: tuple[str, ...] = (),
+    run_dir: str, input_path: str, output_path: str, *, config: RunConfig | None = None, run_files: tuple[str, ...] = (),
 ) -> None:
     """Refuse an ``--output`` that would overwrite the input, a folder, a file the run needs or wrote
-    (``run_files``: the task's own, such as translation's ``generations.jsonl``), or a file of the run's ``data.files``."""
+    (``run_files``: the task's own, such as translation's ``generations.jsonl``), a file of the run's
+    ``data.files``, or anything inside another input of ``config`` (``data.path``, the base model's folder)."""
     output, source = Path(output_path).resolve(), Path(input_path).resolve()
     if output == source or (output.exists() and source.exists() and output.samefile(source)):
         raise OutputDirError(f"--output {output_path} is the --input file; predictions would overwrite it. Choose another --output")
@@ -219,16 +218,28 @@ def check_prediction_output(
     # `--output train.jsonl` beside the data replaced the user's training file without a word (and one
     # deleted since training would come back as predictions that a retrain reads as data).
     # As the loader reads them (absolute in a config read now: pipelines.config makes local paths so).
-    for key, path in ((key, Path(value).resolve()) for key, value in data_files_by_key(data.files if data else None).items()):
+    for key, path in ((key, Path(value).resolve()) for key, value in data_files_by_key(config.data.files if config else None).items()):
         if output == path or (output.exists() and path.exists() and output.samefile(path)):
             raise OutputDirError(f"--output {output_path} is {key} of the run's config; predictions would overwrite it. Choose another --output")
+    # A dataset folder (data.path) is read whole: its files were replaced, and a new file in it is read as data by a retrain.
+    for key, path in (run_inputs(config) if config else {}).items():
+        if output == path or (path.is_dir() and path in output.parents):
+            raise OutputDirError(f"--output {output_path} lies in {key}={path}, which the run reads; predictions would change it. "
+                                 "Choose another --output")
     # Earlier predictions (*.jsonl other than the step log, beside the model) may be replaced; the model,
     # tokenizer, config, metrics and card may not, nor anything in the run's subfolders (a checkpoint's
-    # weights, merged/), which a resume or a merge would read back as a model.
+    # weights, merged/), which a resume or a merge would read back as a model. The same holds for every run
+    # or export folder that holds the output: an export kept in RUN/onnx protected its own files alone, and
+    # predictions from it replaced the run's model.safetensors.
     run = Path(run_dir).resolve()
-    earlier_predictions = output.parent == run and output.suffix == ".jsonl" and output.name not in (LOG_FILE, *run_files)
-    if output.exists() and run in output.parents and not earlier_predictions:
-        raise OutputDirError(f"--output {output_path} is a file of the run {run_dir}; predictions would replace it. Choose another --output")
+    if not output.exists():
+        return
+    for folder in (folder for folder in output.parents if folder == run or is_run_dir(folder) or is_export_dir(folder)):
+        earlier_predictions = output.parent == folder and output.suffix == ".jsonl" and output.name not in (LOG_FILE, *run_files)
+        if not earlier_predictions:
+            what = "export" if is_export_dir(folder) else "run"
+            raise OutputDirError(f"--output {output_path} is a file of the {what} {run_dir if folder == run else folder}; "
+                                 "predictions would replace it. Choose another --output")
 
 
 def _precision_name(mixed_precision: str) -> str:

@@ -75,7 +75,7 @@ def data_files_by_key(files: dict[str, str | list[str]] | None) -> dict[str, str
     return named
 
 
-def _run_inputs(config: RunConfig) -> dict[str, Path]:
+def run_inputs(config: RunConfig) -> dict[str, Path]:
     """Local paths the run reads, by the key that names them."""
     named: dict[str, str | None] = {
         "model.name_or_path": config.model.name_or_path,
@@ -171,7 +171,7 @@ def _check_run_dir_use(config: RunConfig, run_dir: Path) -> None:
         resolved = run_dir.resolve()
         if _inside(Path.cwd().resolve(), resolved):
             raise OutputDirError(f"overwrite=true would delete output_dir {run_dir}, which holds the current directory")
-        for key, path in _run_inputs(config).items():
+        for key, path in run_inputs(config).items():
             if _inside(path, resolved):
                 raise OutputDirError(
                     f"overwrite=true would delete output_dir {run_dir}, but {key}={path} lies inside it (an input of "

@@ -390,6 +390,35 @@ def test_faults_predict_output_is_the_input(refused, run_copy, tmp_path):
     refused("predict", run_copy, "--input", inputs, "--output", run_copy / "config.yaml", needles=[str(run_copy / "config.yaml"), "file of the run"])
 
 
+def test_faults_predict_output_in_the_run_an_export_inside_it_came_from(refused, run_copy, tmp_path, capsys):
+    """An export kept in RUN/onnx protected only its own files: predictions from it replaced the run's model and config."""
+    status, stderr = bertpipe_in_process(capsys, "export", run_copy, "--out", run_copy / "onnx")
+    assert status == 0, stderr[-3000:]
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good film"}])
+    for name in ("model.safetensors", "config.yaml"):
+        refused("predict", run_copy / "onnx", "--input", inputs, "--output", run_copy / name,
+                needles=[f"--output {run_copy / name} is a file of the run {run_copy}"], roots=(run_copy,))
+    refused("predict", run_copy, "--input", inputs, "--output", run_copy / "onnx" / "export.json",
+            needles=[f"is a file of the export {run_copy / 'onnx'}"], roots=(run_copy,))
+    status, stderr = bertpipe_in_process(capsys, "predict", run_copy / "onnx", "--input", inputs, "--output", run_copy / "onnx.jsonl")
+    assert status == 0, stderr[-3000:]  # earlier predictions beside the run's model may still be replaced
+
+
+def test_faults_predict_output_in_a_folder_the_run_reads(refused, run_copy, tmp_path, tiny_bert):
+    """A run trained on a dataset folder (data.path): --output ds/train.jsonl replaced its training data, and a new file
+    there would be read as data by a retrain. The base model's folder is an input too."""
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    write_jsonl(dataset / "train.jsonl", sentiment_rows(8, seed=3))
+    config = run_copy / "config.yaml"
+    config.write_text(config.read_text().replace("  path: null\n", f"  path: {dataset}\n", 1))
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good film"}])
+    for output, key, folder in ((dataset / "train.jsonl", "data.path", dataset), (dataset / "new.jsonl", "data.path", dataset),
+                                (tiny_bert / "predictions.jsonl", "model.name_or_path", tiny_bert)):
+        refused("predict", run_copy, "--input", inputs, "--output", output, needles=[f"--output {output} lies in {key}={folder}"])
+        assert not (dataset / "new.jsonl").exists() and not (tiny_bert / "predictions.jsonl").exists()
+
+
 @pytest.mark.parametrize(
     ("name", "content", "needles"),
     [("empty.jsonl", "", ["is empty"]), ("prose.jsonl", "this is not json\n", ["line 1: not valid JSON"]),
