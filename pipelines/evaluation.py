@@ -26,14 +26,14 @@ from tqdm.auto import tqdm
 from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model, save_merged_model
 from pipelines.atomic_writes import replacing_folder, write_json, writing_atomically
 from pipelines.batching import eval_dataloader, exact_eval_batch_size
-from pipelines.checkpoint import CHECKPOINTS_DIR, STATE_FILE
+from pipelines.checkpoint import CHECKPOINTS_DIR, SOURCES_FILE, STATE_FILE, source_digests
 from pipelines.config import RunConfig
 from pipelines.data import split_source
-from pipelines.errors import ModelError, OutputDirError, failures_named
+from pipelines.errors import DataError, ModelError, OutputDirError, failures_named
 from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
 from pipelines.onnx_model import export_precision, is_export_dir
-from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key, is_run_dir, run_inputs
+from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key, is_run_dir, load_saved_config, run_inputs
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
 
@@ -148,6 +148,7 @@ def _eval_batch_size(config: RunConfig, task: Task, accelerator, model, features
 
 def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str = "fp32") -> dict[str, float]:
     """Evaluate a finished run on ``data.eval_split``; writes ``eval_<split>.json`` beside the model."""
+    check_held_out_split_unchanged(config, run_dir)
     accelerator, model = _prepare_finished_run(config, task, run_dir, precision)
     # An export computes in its own precision (int8), whatever this process's accelerator was built with; read
     # before the evaluation, so that an unreadable export.json is refused before minutes of it.
@@ -172,6 +173,34 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
     if accelerator.is_main_process:
         write_json(Path(run_dir) / f"eval_{config.data.eval_split}.json", metrics)
     return metrics
+
+
+def check_held_out_split_unchanged(config: RunConfig, run_dir: str) -> None:
+    """An eval split held out of the training file (``data.validation_fraction``) is carved again from that file:
+    the rows the run held out only with the file, the seed and the fraction it trained with. A train file reordered
+    or edited since was scored without a word, over rows the model had trained on."""
+    data = config.data
+    if not (data.files and data.validation_fraction and data.eval_split not in data.files and data.train_split in data.files):
+        return
+    recorded_file = Path(run_dir) / SOURCES_FILE
+    if not recorded_file.is_file():
+        return  # a run from before the run folder kept its sources' digests, or an export: nothing to compare
+    with failures_named(OutputDirError, f"run directory {run_dir}: cannot read {recorded_file}"):
+        recorded = json.loads(recorded_file.read_text(encoding="utf-8"))
+    where = f"split {data.eval_split!r} (held out of data.files.{data.train_split} by data.validation_fraction)"
+    saved = load_saved_config(run_dir)
+    for key, now, then in (("seed", config.seed, saved.get("seed")),
+                           ("data.validation_fraction", data.validation_fraction, saved.get("data", {}).get("validation_fraction"))):
+        if now != then:
+            raise DataError(f"{where}: {key}={now}, but the run held its rows out with {key}={then}; other rows would be "
+                            "scored, some of them trained on. Leave it as the run had it")
+    key = f"data.files.{data.train_split}"
+    if source_digests({"data": {"files": {data.train_split: data.files[data.train_split]}}}).get(key) != recorded.get(key):
+        raise DataError(
+            f"{where}: {split_source(data, data.train_split)} is not the file the run was trained on "
+            "(its rows or their order changed since), so the rows held out now are not the ones the run held out, and some "
+            f"were trained on. Evaluate on a file of its own (data.files.{data.eval_split}=FILE)"
+        )
 
 
 def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, output_path: str, *, precision: str = "fp32") -> int:

@@ -37,8 +37,8 @@ from pipelines.atomic_writes import replacing_files, replacing_folder, write_jso
 from pipelines.batching import eval_dataloader, exact_eval_batch_size, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
-    CheckpointError, TrainerState, check_resume_config, complete_checkpoints, find_checkpoint, load_checkpoint, save_checkpoint,
-    source_digests,
+    SOURCES_FILE, CheckpointError, TrainerState, check_resume_config, complete_checkpoints, find_checkpoint, load_checkpoint,
+    save_checkpoint, source_digests,
 )
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source
@@ -168,7 +168,7 @@ def _run(
         )
 
     best = BestModel.from_config(config, task, data.eval_examples)  # before the run folder is written: it may refuse the metric's name
-    step_log = _open_run_dir(accelerator, config, state, data.tokenizer, replace_old_run=replace_old_run, on_start=on_start)
+    step_log = _open_run_dir(accelerator, config, state, data.tokenizer, sources, replace_old_run=replace_old_run, on_start=on_start)
 
     def log(record: dict[str, Any]) -> None:
         record = {"step": state.global_step, "epoch": round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4), **record}
@@ -389,10 +389,12 @@ def _train_collator(config: RunConfig, task: Task, model: torch.nn.Module, train
 
 
 def _open_run_dir(
-    accelerator, config: RunConfig, state: TrainerState, tokenizer, *, replace_old_run: bool, on_start: Callable[[Path], None] | None,
+    accelerator, config: RunConfig, state: TrainerState, tokenizer, sources: dict[str, str] | None, *, replace_old_run: bool,
+    on_start: Callable[[Path], None] | None,
 ) -> outputs.StepLog | None:
-    """Set an old run aside (overwrite=true), write ``config.yaml`` and the tokenizer, start the trackers
-    and the step log (the main process's; None on the others)."""
+    """Set an old run aside (overwrite=true), write ``config.yaml``, the digests of the files it names
+    (``sources.json``: what ``evaluate`` carves a held-out split from again) and the tokenizer, start the
+    trackers and the step log (the main process's; None on the others)."""
     run_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         with failures_named(OutputDirError, f"output_dir {run_dir}"):
@@ -404,6 +406,7 @@ def _open_run_dir(
             # From the start, not only with the model: a resume must read the tokenizer this run
             # trained (MLM from scratch), as the trainer may not retrain the same one.
             outputs.save_tokenizer(tokenizer, run_dir)
+            write_json(run_dir / SOURCES_FILE, sources)
         if on_start is not None:
             on_start(run_dir)
     accelerator.wait_for_everyone()

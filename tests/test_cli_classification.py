@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,33 @@ def test_cli_best_model_metric_the_task_does_not_report_is_refused_before_traini
             "it reports eval_accuracy, eval_f1, eval_f1_macro, eval_f1_micro, eval_precision_macro, eval_recall_macro, "
             "eval_matthews_correlation") in refused.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_evaluate_of_a_held_out_split_refuses_a_train_file_changed_since_training(tiny_bert, sentiment_files, tmp_path):
+    """data.validation_fraction carves the eval split out of the train file again at `evaluate`: after the file's rows
+    were reordered, 18 of 24 rows scored were rows the model had trained on, and nothing said so."""
+    train = tmp_path / "train.jsonl"
+    shutil.copy(sentiment_files["train"], train)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=None)
+    run_cli("train", str(config), f"data.files={{train: {train}}}", "data.validation_fraction=0.25")
+    run = tmp_path / "run"
+    run_cli("evaluate", str(run))
+    evaluated = json.loads((run / "eval_validation.json").read_text())
+    assert evaluated["eval_samples"] == 24
+    assert evaluated["eval_accuracy"] == pytest.approx(json.loads((run / "metrics.json").read_text())["eval_accuracy"])
+
+    lines = train.read_text().splitlines(keepends=True)
+    train.write_text("".join(reversed(lines)))  # the same rows, in another order
+    refused = run_cli("evaluate", str(run), check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert (f"split 'validation' (held out of data.files.train by data.validation_fraction): data.files.train: {train} is not "
+            "the file the run was trained on") in refused.stderr
+    assert json.loads((run / "eval_validation.json").read_text()) == evaluated
+    train.write_text("".join(lines))
+    refused = run_cli("evaluate", str(run), "seed=8", check=False)
+    assert refused.returncode == 2 and "seed=8, but the run held its rows out with seed=7" in refused.stderr, refused.stderr[-3000:]
+    run_cli("evaluate", str(run), "data.files.validation=" + str(sentiment_files["validation"]))  # a file of its own: any train file
+    assert json.loads((run / "eval_validation.json").read_text())["eval_samples"] == 37
 
 
 def test_cli_overwrite_of_an_output_dir_that_is_a_symbolic_link_replaces_the_folder_it_points_to(tiny_bert, sentiment_files, tmp_path):
