@@ -17,7 +17,8 @@ Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-p
      Ctrl-C: one line and exit status 130; a checkpoint being written is discarded, complete ones kept.
      SIGTERM/SIGUSR1 during training: a checkpoint at the end of the current step (during the final
      evaluation of a one-process run: of the last step), one line, exit status
-     128 + the signal's number (pipelines/preemption.py).
+     128 + the signal's number (pipelines/preemption.py); during evaluate, predict, export and the tool
+     commands: stopped where they are, what they were writing discarded, one line, the same status.
 
 The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never
 imports ``tasks/``.
@@ -26,6 +27,7 @@ imports ``tasks/``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -44,6 +46,7 @@ from pipelines.config import RunConfig
 from pipelines.config_loading import load_config
 from pipelines.errors import ModelError, OutputDirError, RunStopped, UserError, failures_named
 from pipelines.outputs import load_saved_config
+from pipelines.preemption import StopNow, stopping_at_once
 
 if TYPE_CHECKING:
     from pipelines.task import Task
@@ -67,6 +70,11 @@ _WAY_ON_AFTER_A_STOP = {
     "distill": ": continue with train.resume_from_checkpoint=latest",
     "sweep": "; its trial is marked failed: the same command continues the study with a new trial",
 }
+
+
+# Commands with no step to stop at and nothing to resume: SIGTERM/SIGUSR1 end them where they are, through their
+# cleanup. Killed by the signal instead, predict left its half-written output (OUTPUT.tmp) beside the file.
+_STOPPED_WHERE_THEY_ARE = {"evaluate", "predict", "export", "merge", "attention", "convert-bert", "publish"}
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -411,7 +419,13 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     try:
-        return run(args, get_task)
+        with stopping_at_once() if args.command in _STOPPED_WHERE_THEY_ARE else contextlib.nullcontext():
+            return run(args, get_task)
+    except StopNow as stop:
+        _wait_for_first_process()
+        print(f"bertpipe {args.command}: stopped by {stop.signal.name}; nothing half-written is left, and files that were "
+              f"there are unchanged{_RUN_AGAIN}", file=sys.stderr)
+        return 128 + int(stop.signal)
     except KeyboardInterrupt:
         # Ctrl-C is the user's choice, not a fault to debug: one line instead of the traceback of wherever
         # the loop happened to be, and the status a shell gives an interrupted command (128 + SIGINT).

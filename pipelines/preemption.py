@@ -27,9 +27,6 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Iterator, Sequence
 
-import torch
-import torch.distributed as dist
-
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -40,6 +37,8 @@ class StopSignals:
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, object] = {}
         self._group = None
+        import torch  # here, not at the top: the CLI installs stopping_at_once before a command has imported torch
+
         self._flag = torch.zeros((), dtype=torch.int32)
 
     def __enter__(self) -> "StopSignals":
@@ -48,6 +47,8 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for number in STOP_SIGNALS:
                 self._previous[number] = signal.signal(number, self._note)
+        import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # The flag is agreed over gloo, on the CPU, even when training runs on GPUs with NCCL: reducing a
             # device tensor would make every step wait for the device.
@@ -73,6 +74,8 @@ class StopSignals:
         same step (each waits for the others at the checkpoint)."""
         if not self._world:
             return self.received
+        import torch.distributed as dist
+
         self._flag.fill_(0 if self.received is None else int(self.received))
         dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group)
         number = int(self._flag.item())

@@ -140,3 +140,46 @@ def test_cli_signals_a_sigterm_to_a_one_process_accelerate_launch_reaches_the_ru
 
     run_cli("train", str(config), "train.resume_from_checkpoint=latest")
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["global_step"] == 120  # 10 epochs of 12 batches
+
+
+# bertpipe, with a SIGTERM sent to itself right after predict has written its first row to the file beside its output.
+SIGTERM_MID_WRITE = f"""
+import contextlib, os, signal, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+import pipelines.evaluation as evaluation
+writing_atomically = evaluation.writing_atomically
+
+@contextlib.contextmanager
+def signalled_after_the_first_row(path):
+    with writing_atomically(path) as handle:
+        class Handle:
+            def write(self, text):
+                handle.write(text)
+                handle.flush()
+                os.kill(os.getpid(), signal.SIGTERM)
+        yield Handle()
+
+evaluation.writing_atomically = signalled_after_the_first_row
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_signals_sigterm_while_predict_writes_leaves_the_output_as_it_was_and_nothing_beside_it(tmp_path, tiny_bert, sentiment_files):
+    """Killed by the signal, predict left its half-written OUTPUT.tmp beside the output, and every later run wrote
+    OUTPUT.1.tmp, ... instead, never removing it."""
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=2, eval_steps=None, **PINNED)
+    run_cli("train", str(config))
+    output = tmp_path / "out" / "predictions.jsonl"
+    output.parent.mkdir()
+    output.write_text("kept\n")
+    stopped = subprocess.run([sys.executable, "-c", SIGTERM_MID_WRITE, "predict", str(tmp_path / "run"), "--input",
+                              str(sentiment_files["validation"]), "--output", str(output)],
+                             cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and stopped.stderr.strip().splitlines()[-1] == (
+        "bertpipe predict: stopped by SIGTERM; nothing half-written is left, and files that were there are unchanged; "
+        "the command has nothing to resume: run it again"), stopped.stderr[-3000:]
+    assert output.read_text() == "kept\n" and sorted(path.name for path in output.parent.iterdir()) == ["predictions.jsonl"]
+    run_cli("predict", str(tmp_path / "run"), "--input", str(sentiment_files["validation"]), "--output", str(output))
+    assert len(output.read_text().splitlines()) == 37
