@@ -114,12 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.max_steps=100")
 
     evaluate = commands.add_parser("evaluate", help="evaluate a finished run (e.g. data.eval_split=test)")
-    evaluate.add_argument("run_dir", help="a finished run directory, its merged/ folder, or an ONNX export")
+    evaluate.add_argument("run_dir", help="a finished run directory (an adapter run too: its base model and adapter are loaded) or an ONNX export")
     evaluate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. data.eval_split=test, data.files.test=FILE")
     _add_precision_option(evaluate)
 
     predict = commands.add_parser("predict", help="predict a jsonl/csv/txt file with a finished run")
-    predict.add_argument("run_dir", help="a finished run directory, its merged/ folder, or an ONNX export")
+    predict.add_argument("run_dir", help="a finished run directory (an adapter run too: its base model and adapter are loaded) or an ONNX export")
     predict.add_argument(
         "--input", required=True,
         help="jsonl, json, csv, tsv or parquet rows with the run's text column(s), or txt with one text per line "

@@ -45,9 +45,12 @@ _BUILDER_BY_SUFFIX = {
 def builder_for_files(files: dict[str, str | list[str]]) -> tuple[str, dict]:
     """The ``datasets`` builder and its options for a set of local files (one format at a time)."""
     suffixes = {Path(path).suffix.lower() for paths in files.values() for path in as_list(paths)}
-    unknown = suffixes - set(_BUILDER_BY_SUFFIX)
+    unknown = [(split, path) for split, paths in files.items() for path in as_list(paths)
+               if Path(path).suffix.lower() not in _BUILDER_BY_SUFFIX]
     if unknown:
-        raise DataError(f"data.files: unsupported file type(s) {sorted(unknown)}; use one of {sorted(_BUILDER_BY_SUFFIX)}")
+        named = ", ".join(f"data.files.{split}: {path}" for split, path in unknown)
+        raise DataError(f"{named}: unsupported file type {sorted({Path(path).suffix.lower() for _, path in unknown})}; use one of "
+                        f"{sorted(_BUILDER_BY_SUFFIX)}")
     formats = {(_BUILDER_BY_SUFFIX[s][0], tuple(_BUILDER_BY_SUFFIX[s][1].items())) for s in suffixes}
     if len(formats) != 1:
         raise DataError(f"data.files mixes formats {sorted(suffixes)}; give all splits in one format")
@@ -372,6 +375,8 @@ def read_inputs(path: str | Path, *, encoding: str = "utf-8", text_columns: Iter
     path = Path(path)
     if not path.is_file():
         raise DataError(f"input file {path} {_not_a_file(path)}")
+    if path.suffix.lower() not in _BUILDER_BY_SUFFIX:  # named as data.files, which the command line does not set
+        raise DataError(f"--input {path}: unsupported file type {path.suffix.lower()!r}; use one of {sorted(_BUILDER_BY_SUFFIX)}")
     loaded = load_local_files({"input": str(path)}, encoding, label="", text_columns=text_columns)["input"]
     if len(loaded) == 0:
         raise DataError(f"input file {path} holds no examples")

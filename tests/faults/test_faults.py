@@ -432,6 +432,19 @@ def test_faults_predict_bad_input(refused, run_copy, tmp_path, name, content, ne
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_faults_input_and_data_files_of_an_unknown_type_are_named(refused, run_copy, finished_run, tmp_path):
+    """An input without a known suffix was refused as "data.files: unsupported file type(s) ['']", a key the
+    command line does not set, without the file."""
+    no_suffix = tmp_path / "inputs"
+    no_suffix.write_text("good film\n")
+    refused("predict", run_copy, "--input", no_suffix, "--output", tmp_path / "o.jsonl",
+            needles=[f"--input {no_suffix}: unsupported file type ''", "'.jsonl'"])
+    xml = tmp_path / "train.xml"
+    xml.write_text("<rows/>")
+    refused("train", finished_run[0], f"output_dir={tmp_path / 'new'}", f"data.files.train={xml}",
+            needles=[f"data.files.train: {xml}: unsupported file type ['.xml']"])
+
+
 def test_faults_predict_missing_input_and_not_a_run(refused, run_copy, tmp_path):
     refused("predict", run_copy, "--input", tmp_path / "none.jsonl", "--output", tmp_path / "o.jsonl", needles=[str(tmp_path / "none.jsonl"), "does not exist"])
     refused("predict", run_copy, "--input", run_copy, "--output", tmp_path / "o.jsonl", needles=[str(run_copy), "is a folder"])
