@@ -6,13 +6,13 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
-from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipelines import evaluation
+from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from pipelines.evaluation import predict_file
 from pipelines.files import read_inputs
@@ -107,7 +107,7 @@ def test_input_columns_predict_refuses_a_value_it_cannot_carry_naming_column_and
             raise AssertionError("reached the forward pass before checking the columns to carry")
 
     monkeypatch.setattr(evaluation, "_prepare_finished_run", lambda *args: (None, None))
-    config = SimpleNamespace(data=SimpleNamespace(files=None, encoding="utf-8"))
+    config = load_config(None, [], base={"task": "classification", "output_dir": str(tmp_path / "run"), "data": {"path": "x"}})
     output = tmp_path / "out.jsonl"
     with pytest.raises(DataError, match=rf"--input {inputs}, row 2: column 'when' \(timestamp\[us\]\) holds a value the output cannot carry"):
         predict_file(config, Task(), str(tmp_path), str(inputs), str(output))
