@@ -149,11 +149,22 @@ class NerTask(TaskBase):
                 return rows
             tag_column = self._tag_column(list(rows[0]), str(path))
             out = []
+            tag_kind = None
             for row in rows:
                 for column in (self.tokens_column, tag_column):
                     if column not in row:
                         raise DataError(f"{row['location']}: no {column!r} field; the row has {sorted(k for k in row if k != 'location')}")
-                out.append({"tokens": row[self.tokens_column], "tags": row[tag_column], "location": row["location"]})
+                tokens, tags = row[self.tokens_column], row[tag_column]
+                # Checked here, before the rows become one Arrow table: a number among the words (or tag names mixed
+                # with tag ids) ended in pyarrow's "Expected bytes, got a 'int' object", a traceback naming no row.
+                if not isinstance(tokens, list) or not all(isinstance(token, str) for token in tokens):
+                    raise DataError(f"{row['location']}: {self.tokens_column!r} must be a list of strings, not {tokens!r}")
+                kinds = {type(tag) for tag in tags} if isinstance(tags, list) else {list}
+                if len(kinds) > 1 or not kinds <= {str, int} or (tag_kind is not None and kinds and kinds != {tag_kind}):
+                    raise DataError(f"{row['location']}: {tag_column!r} must be a list of tag names (or of tag ids, in every "
+                                    f"row alike), not {tags!r}")
+                tag_kind = tag_kind or next(iter(kinds), None)
+                out.append({"tokens": tokens, "tags": tags, "location": row["location"]})
             return out
         if suffix == ".parquet":
             table = datasets.load_dataset("parquet", data_files=[str(path)])["train"]

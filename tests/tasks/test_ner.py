@@ -329,6 +329,22 @@ def test_ner_load_bad_sentence_names_file_and_line(tmp_path, row, message):
         _task(tmp_path, {"train": train, "validation": validation}).load()
 
 
+@pytest.mark.parametrize("row, message", [
+    ({"tokens": ["alice", 5, "paris"], "ner_tags": ["B-PER", "O", "B-LOC"]}, "'tokens' must be a list of strings, not ['alice', 5, 'paris']"),
+    ({"tokens": "alice left", "ner_tags": ["B-PER", "O"]}, "'tokens' must be a list of strings, not 'alice left'"),
+    ({"tokens": ["alice", "left"], "ner_tags": ["B-PER", 0]}, "'ner_tags' must be a list of tag names (or of tag ids, in every row alike)"),
+    ({"tokens": ["alice", "left"], "ner_tags": [1, 0]}, "'ner_tags' must be a list of tag names (or of tag ids, in every row alike)"),
+    ({"tokens": ["alice", "left"], "ner_tags": "B-PER O"}, "'ner_tags' must be a list of tag names"),
+])
+def test_ner_json_rows_of_the_wrong_types_are_refused_naming_the_row(tmp_path, row, message):
+    """A number among the words ended in pyarrow's "Expected bytes, got a 'int' object": exit status 1, a traceback."""
+    train = _write(tmp_path / "train.txt", CONLL)
+    good = json.dumps({"tokens": ["Peter", "left"], "ner_tags": ["B-PER", "O"]})
+    validation = _write(tmp_path / "validation.jsonl", good + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"{validation}:2: {message}")):
+        _task(tmp_path, {"train": train, "validation": validation}).load()
+
+
 def test_ner_conll2003_config_loads_with_ner_options():
     config = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [], lambda name: get_task(name).Options)
     assert config.task == "ner" and config.data.path == "eriktks/conll2003"
