@@ -154,12 +154,13 @@ def require_text(split: Dataset, columns: Iterable[str | None], where: str, *, k
             raise DataError(f"{where}: column {column!r} holds {kind} values, not text; point {keys} at a text column")
 
 
-def require_columns(dataset: Dataset, columns: Iterable[str | None], split: str) -> None:
-    """Fail with the available columns when a configured column is missing."""
+def require_columns(dataset: Dataset, columns: Iterable[str | None], where: str) -> None:
+    """Fail with the available columns when a configured column is missing; ``where`` names the split and its
+    file (or the --input)."""
     missing = [column for column in columns if column is not None and column not in dataset.column_names]
     if missing:
         raise DataError(
-            f"split {split!r} has no column(s) {missing}; available columns: {dataset.column_names}. "
+            f"{where} has no column(s) {missing}; available columns: {dataset.column_names}. "
             "Set the data.*_column keys to map yours."
         )
 

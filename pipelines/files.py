@@ -205,7 +205,12 @@ def load_local_files(files: dict[str, str | list[str]], encoding: str, *, label:
         options["converters"] = {column: str for column in {*text_columns, *words} if column}
     try:
         with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
-            return datasets.load_dataset(builder, data_files=data_files, **options)
+            # One split at a time: read together, every split took the first one's column types, and a validation
+            # column of text holding one number (a json Json column) was cast to text by writing each row as JSON:
+            # '"good film"', quotes included, then scored without a word.
+            return DatasetDict({
+                split: datasets.load_dataset(builder, data_files={split: paths}, **options)[split] for split, paths in data_files.items()
+            })
     except UserError:
         raise
     except Exception as error:  # whatever the builder raised: find the file (and line) that caused it

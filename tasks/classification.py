@@ -208,7 +208,8 @@ class ClassificationTask(TaskBase):
             require_text(loaded[split_name], [self.text_column, data.text_pair_column], f"split {split_name!r} ({source})")
         raw = finalize_splits(loaded, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
-            require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_name)
+            require_columns(split, [self.text_column, data.text_pair_column, self.label_column],
+                            f"split {split_name!r} ({split_source(data, split_name)})")
         reference = raw[data.train_split] if include_train else raw[data.eval_split]
         # A finished run's head (build_model(model_path=...) runs first) fixes the problem type; inferred
         # from an eval file instead, labels 0/1 written as 0.0/1.0 would score a classifier as a regression.
@@ -228,7 +229,7 @@ class ClassificationTask(TaskBase):
         inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding, text_columns=text_columns), path)
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
-        require_columns(inputs, [self.text_column, self.config.data.text_pair_column], "input")
+        require_columns(inputs, [self.text_column, self.config.data.text_pair_column], f"--input {path}")
         require_values(inputs, [self.text_column, self.config.data.text_pair_column], "input", f"--input {path}")
         require_text(inputs, [self.text_column, self.config.data.text_pair_column], f"--input {path}")
         self._input_where = f"--input {path}"

@@ -97,7 +97,7 @@ class MlmTask(TaskBase):
         data = self.config.data
         raw = DatasetDict(load_raw(data, text_columns=[self.text_column]))
         for split_name, split in raw.items():
-            require_columns(split, [self.text_column], split_name)
+            require_columns(split, [self.text_column], f"split {split_name!r} ({split_source(data, split_name)})")
             # Numbers (or a mix) in the text column would reach str.strip below, and 0 or false be dropped as empty.
             require_text(split, [self.text_column], f"split {split_name!r} ({split_source(data, split_name)})", keys="data.text_column")
         rows = {name: list(split[self.text_column]) for name, split in raw.items()}
@@ -131,7 +131,7 @@ class MlmTask(TaskBase):
             self._input_places = [f"--input {path}, row {number} (rows count from 1)" for number in range(1, len(inputs) + 1)]
         if self.text_column not in inputs.column_names and "text" in inputs.column_names:
             inputs = inputs.rename_column("text", self.text_column)
-        require_columns(inputs, [self.text_column], "input")
+        require_columns(inputs, [self.text_column], f"--input {path}")
         require_text(inputs, [self.text_column], f"--input {path}", keys="data.text_column")
         if self.text_column == "text":
             return inputs

@@ -71,7 +71,7 @@ def test_faults_config_unknown_key_and_wrong_type(refused, finished_run, tmp_pat
         ("empty_text.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "", "label": "negative"}\n', ["split 'train'", "row 2", "empty 'sentence' cell"]),
         ("latin1.jsonl", None, ["line 1", "not valid utf-8", "data.encoding"]),
         # JSON numbers are numbers (a csv cell of digits is text: its text column is read as written)
-        ("numbers.jsonl", '{"sentence": 1, "label": "positive"}\n{"sentence": 2, "label": "negative"}\n', ["column 'sentence' holds different types", "int64", "string"]),
+        ("numbers.jsonl", '{"sentence": 1, "label": "positive"}\n{"sentence": 2, "label": "negative"}\n', ["split 'train'", "column 'sentence' holds int64 values, not text"]),
         ("mixed.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad", "label": ["negative"]}\n', ["row 2", "'label' holds a list where row 1 holds a str"]),
     ],
 )
@@ -98,7 +98,7 @@ def test_faults_column_missing_from_one_split(refused, finished_run, tmp_path):
     validation.write_text("sentence\ngood\nbad\n")
     refused(
         "train", finished_run[0], new_dir(tmp_path), f"data.files.train={train}", f"data.files.validation={validation}",
-        needles=["split 'validation'", str(validation), "no 'label' column"],
+        needles=["split 'validation'", str(validation), "has no column(s) ['label']"],
     )
 
 
@@ -430,6 +430,18 @@ def test_faults_predict_bad_input(refused, run_copy, tmp_path, name, content, ne
     inputs.write_text(content)
     refused("predict", run_copy, "--input", inputs, "--output", tmp_path / "out.jsonl", needles=[str(inputs), *needles])
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(("row", "needles"), [
+    ({"sentence": 5, "label": "positive"}, ["split 'validation'", "column 'sentence' holds Json values, not text"]),
+    ({"sentence": "good", "label": 1}, ["split 'validation'", "row 3: 'label' holds a int where row 1 holds a str"]),
+])
+def test_faults_a_number_in_a_validation_column_of_text_is_refused_not_scored_as_json(refused, finished_run, tmp_path, row, needles):
+    """Read with the train file, the validation file took its column types: a column of text holding one number was
+    cast to text by writing each row as JSON ('"good film"', quotes included) and the run scored that."""
+    validation = write_jsonl(tmp_path / "validation.jsonl", [*sentiment_rows(2, seed=5), row])
+    refused("train", finished_run[0], f"output_dir={tmp_path / 'new'}", f"data.files.validation={validation}",
+            needles=[*needles, str(validation)])
 
 
 def test_faults_input_and_data_files_of_an_unknown_type_are_named(refused, run_copy, finished_run, tmp_path):
