@@ -402,7 +402,7 @@ class RunConfig(Section):
     ``distill.teacher``, ...) is relative to the current directory, ``~`` being the home folder; the run's
     ``config.yaml`` holds them absolute, so ``evaluate`` and ``predict`` read the same files from anywhere."""
     seed: int = Field(default=42, ge=0, lt=2**32)  # numpy's seed range
-    """Seeds model initialisation, data order and dropout: a rerun gives identical results."""
+    """Seeds model initialisation, data order and dropout: a rerun gives identical results (except an MLM run that trains its WordPiece tokenizer: the trainer breaks ties in hash order; reuse a run's with model.tokenizer_name_or_path)."""
     overwrite: bool = False
     """Replace the bertpipe run in ``output_dir`` (once the new run has validated)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
