@@ -208,7 +208,7 @@ def test_cli_evaluate_of_a_held_out_split_refuses_a_train_file_changed_since_tra
     were reordered, 18 of 24 rows scored were rows the model had trained on, and nothing said so."""
     train = tmp_path / "train.jsonl"
     shutil.copy(sentiment_files["train"], train)
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=None)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=None, mixed_precision="no")
     run_cli("train", str(config), f"data.files={{train: {train}}}", "data.validation_fraction=0.25")
     run = tmp_path / "run"
     run_cli("evaluate", str(run))
