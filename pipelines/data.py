@@ -99,6 +99,11 @@ def split_source(data: DataConfig, split: str) -> str:
     return f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
 
 
+def split_where(data: DataConfig, split: str) -> str:
+    """``split 'train' (data.files.train: a.csv)``: a split and where its rows come from, for messages."""
+    return f"split {split!r} ({split_source(data, split)})"
+
+
 def _is_empty(value) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
@@ -264,7 +269,7 @@ def prepare_data(task: Task, config: RunConfig) -> PreparedData:
     tokenizer = task.build_tokenizer(raw)
     features = {}
     for split, train in ((config.data.train_split, True), (config.data.eval_split, False)):
-        with failures_named(DataError, f"split {split!r} ({split_source(config.data, split)}) cannot be preprocessed"):
+        with failures_named(DataError, f"{split_where(config.data, split)} cannot be preprocessed"):
             features[split] = task.preprocess(raw[split], train=train)
     return PreparedData(
         raw, tokenizer, raw[config.data.train_split], raw[config.data.eval_split],

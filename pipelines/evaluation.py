@@ -28,7 +28,7 @@ from pipelines.atomic_writes import replacing_folder, write_json, writing_atomic
 from pipelines.batching import eval_dataloader, exact_eval_batch_size
 from pipelines.checkpoint import CHECKPOINTS_DIR, SOURCES_FILE, STATE_FILE, source_digests
 from pipelines.config import RunConfig
-from pipelines.data import split_source
+from pipelines.data import split_source, split_where
 from pipelines.errors import DataError, ModelError, OutputDirError, failures_named
 from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
@@ -159,7 +159,7 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
     # An override (data.max_seq_length, another data.files split) can make features longer than the
     # positions training checked: the forward pass would fail mid-evaluation with a shape error.
     split = config.data.eval_split
-    check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
+    check_sequence_lengths(model.config, features, where=split_where(config.data, split))
     loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir))
     model, loader = accelerator.prepare(model, loader)
     started = time.perf_counter()
@@ -250,9 +250,10 @@ def check_prediction_output(
     for key, path in ((key, Path(value).resolve()) for key, value in data_files_by_key(config.data.files if config else None).items()):
         if output == path or (output.exists() and path.exists() and output.samefile(path)):
             raise OutputDirError(f"--output {output_path} is {key} of the run's config; predictions would overwrite it. Choose another --output")
-    # A dataset folder (data.path) is read whole: its files were replaced, and a new file in it is read as data by a retrain.
+    # A folder the run reads (data.path, the base model): a dataset folder is read whole, so its files were replaced and
+    # a new file in it is read as data by a retrain. (Input files, data.files, are the loop above.)
     for key, path in (run_inputs(config) if config else {}).items():
-        if output == path or (path.is_dir() and path in output.parents):
+        if path.is_dir() and path in output.parents:
             raise OutputDirError(f"--output {output_path} lies in {key}={path}, which the run reads; predictions would change it. "
                                  "Choose another --output")
     # Earlier predictions (*.jsonl other than the step log, beside the model) may be replaced; the model,

@@ -41,7 +41,7 @@ from pipelines.checkpoint import (
     save_checkpoint, source_digests,
 )
 from pipelines.config import ConfigError, RunConfig
-from pipelines.data import PreparedData, features_digest, prepare_data, split_source
+from pipelines.data import PreparedData, features_digest, prepare_data, split_source, split_where
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
@@ -364,7 +364,7 @@ def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.
     model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type,
                        base_model_name_or_path=base_model_id(config.model), base_model_revision=config.model.revision)
     for split, features in ((config.data.train_split, data.train_features), (config.data.eval_split, data.eval_features)):
-        check_sequence_lengths(model.config, features, where=f"split {split!r} ({split_source(config.data, split)})")
+        check_sequence_lengths(model.config, features, where=split_where(config.data, split))
     if config.distill is not None:
         # The student inside a wrapper whose forward returns the distillation loss as .loss; the
         # loop does not change, and student_of() unwraps it wherever the model is saved.

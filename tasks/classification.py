@@ -22,7 +22,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 from pipelines.config import RunConfig, TaskOptions
 from pipelines.data import (
     KeyedOnCode, finalize_splits, load_raw, require_columns, require_one_type, require_text, require_values, row_list, split_source,
-    tokenize_with_lengths,
+    split_where, tokenize_with_lengths,
 )
 from pipelines.errors import DataError
 from pipelines.files import read_inputs, skip_blank_lines
@@ -119,7 +119,7 @@ class ClassificationTask(TaskBase):
         kind, needed = (("lists of labels", "one label per row") if holds_lists else
                         ("one label per row", "a list of labels per row"))
         raise DataError(
-            f"split {split_name!r} ({split_source(self.config.data, split_name)}): label column {self.label_column!r} holds "
+            f"{split_where(self.config.data, split_name)}: label column {self.label_column!r} holds "
             f"{kind} (e.g. {example!r}), but {self._problem_type_because}, which reads {needed}"
         )
 
@@ -140,7 +140,7 @@ class ClassificationTask(TaskBase):
     def _label_ids(self, split: Dataset, split_name: str) -> list[Any]:
         """Label column -> ids (or multi-hot / floats), failing on a label outside the label set."""
         column = split[self.label_column]
-        where = f"split {split_name!r} ({split_source(self.config.data, split_name)})"
+        where = split_where(self.config.data, split_name)
         if self.problem_type == "regression":
             return [_score(value, row, where) for row, value in enumerate(column)]
         feature = split.features[self.label_column]
@@ -205,11 +205,10 @@ class ClassificationTask(TaskBase):
             source = split_source(data, split_name)
             require_values(loaded[split_name], [self.text_column, data.text_pair_column, self.label_column], split_name, source)
             require_one_type(loaded[split_name], [self.label_column], split_name, source)
-            require_text(loaded[split_name], [self.text_column, data.text_pair_column], f"split {split_name!r} ({source})")
+            require_text(loaded[split_name], [self.text_column, data.text_pair_column], split_where(data, split_name))
         raw = finalize_splits(loaded, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
-            require_columns(split, [self.text_column, data.text_pair_column, self.label_column],
-                            f"split {split_name!r} ({split_source(data, split_name)})")
+            require_columns(split, [self.text_column, data.text_pair_column, self.label_column], split_where(data, split_name))
         reference = raw[data.train_split] if include_train else raw[data.eval_split]
         # A finished run's head (build_model(model_path=...) runs first) fixes the problem type; inferred
         # from an eval file instead, labels 0/1 written as 0.0/1.0 would score a classifier as a regression.

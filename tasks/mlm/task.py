@@ -23,7 +23,7 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pipelines.config import DataConfig, RunConfig, TaskOptions
-from pipelines.data import finalize_splits, load_raw, require_columns, require_text, split_source
+from pipelines.data import finalize_splits, load_raw, require_columns, require_text, split_where
 from pipelines.errors import DataError
 from pipelines.files import builder_for_files, read_inputs, skip_blank_lines
 from pipelines.errors import ModelError, failures_named
@@ -58,7 +58,7 @@ def _prediction_logits(outputs) -> torch.Tensor:
 
 def _no_text(data: DataConfig, split: str, rows: int) -> DataError:
     held = "its only row is" if rows == 1 else f"all {rows} rows are"
-    return DataError(f"split {split!r} ({split_source(data, split)}): {held} empty (or headings); the corpus holds no text")
+    return DataError(f"{split_where(data, split)}: {held} empty (or headings); the corpus holds no text")
 
 
 # ----- the task -------------------------------------------------------------------------------
@@ -97,9 +97,9 @@ class MlmTask(TaskBase):
         data = self.config.data
         raw = DatasetDict(load_raw(data, text_columns=[self.text_column]))
         for split_name, split in raw.items():
-            require_columns(split, [self.text_column], f"split {split_name!r} ({split_source(data, split_name)})")
+            require_columns(split, [self.text_column], split_where(data, split_name))
             # Numbers (or a mix) in the text column would reach str.strip below, and 0 or false be dropped as empty.
-            require_text(split, [self.text_column], f"split {split_name!r} ({split_source(data, split_name)})", keys="data.text_column")
+            require_text(split, [self.text_column], split_where(data, split_name), keys="data.text_column")
         rows = {name: list(split[self.text_column]) for name, split in raw.items()}
         # Before the hold-out, so that the message counts the file's rows and names it.
         for name, split_rows in rows.items():

@@ -22,7 +22,7 @@ from transformers import AutoModelForQuestionAnswering
 
 from pipelines.atomic_writes import write_json
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_columns, split_source
+from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_columns, split_where
 from pipelines.errors import DataError
 from pipelines.files import load_split_files
 from pipelines.metrics import load_metric
@@ -116,7 +116,7 @@ else:
 
     # ----- data ----------------------------------------------------------------------------
     def _normalise_hub_split(self, split: Dataset, name: str) -> Dataset:
-        require_columns(split, ["question", "context"], f"split {name!r} ({split_source(self.config.data, name)})")
+        require_columns(split, ["question", "context"], split_where(self.config.data, name))
         rows = split.to_list()
         return rows_to_dataset([flat_row(row, f"split {name!r}, row {i + 1}", str(i)) for i, row in enumerate(rows)])
 

@@ -24,7 +24,7 @@ from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, DataColl
 
 from pipelines.atomic_writes import write_json, write_text_atomically
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_text, row_list, split_source
+from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_text, row_list, split_where
 from pipelines.errors import DataError
 from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.metrics import load_metric
@@ -88,7 +88,7 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         """Any supported layout -> columns ``source_lang`` and ``target_lang`` (text), empty pairs handled."""
         src, tgt = self.options.source_lang, self.options.target_lang
         split = to_language_columns(split, [src, tgt], self.options.translation_column, split_name)
-        require_text(split, [src, tgt], f"split {split_name!r} ({split_source(self.config.data, split_name)})", keys="translation.source_lang / translation.target_lang")
+        require_text(split, [src, tgt], split_where(self.config.data, split_name), keys="translation.source_lang / translation.target_lang")
         return self._handle_empty(split, [src, tgt], f"split {split_name!r}")
 
     def _handle_empty(self, split: Dataset, columns: list[str], where: str, *, inputs: bool = False) -> Dataset:
