@@ -286,3 +286,19 @@ def test_cli_sweep_writes_only_into_a_new_or_empty_folder_or_an_earlier_sweeps(t
     capsys.readouterr()
     assert main(["sweep", str(config), "--trials", "1", "--space", str(space), f"output_dir={taken / 'notes.txt'}"], get_task=get_task) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_cli_sweep_refuses_a_run_setting_in_the_space_before_writing(tmp_path, tiny_bert, sentiment_files):
+    # A trial is a new run in its own folder: a space that resumes, overwrites or moves it searches no recipe.
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "runkeys")
+    for key, spec in (("train.resume_from_checkpoint", "{choice: [latest]}"), ("overwrite", "{choice: [true, false]}"),
+                      ("output_dir", "{choice: [a, b]}")):
+        space.write_text(f"train.learning_rate: {{log_uniform: [1.0e-5, 1.0e-3]}}\n{key}: {spec}\n")
+        result = run_cli("sweep", str(config), "--trials", "2", "--space", str(space), check=False)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert key in result.stderr and str(space) in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert not (tmp_path / "runkeys").exists(), "nothing is written before the space is valid"
+    space.write_text(SPACE)
+    result = run_cli("sweep", str(config), "--trials", "2", "--space", str(space), "train.resume_from_checkpoint=latest", check=False)
+    assert result.returncode == 2 and "train.resume_from_checkpoint=latest" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runkeys").exists()

@@ -58,6 +58,12 @@ def run_sweep(
         raise SweepError(f"--timeout must be positive seconds (got {timeout})")
     options_for = lambda name: get_task(name).Options  # noqa: E731
     base = load_config(config_path, list(overrides), options_for)
+    if base.train.resume_from_checkpoint:
+        raise SweepError(
+            f"{config_path}: train.resume_from_checkpoint={base.train.resume_from_checkpoint} (set in the config or on the "
+            f"command line): each trial of a sweep is a new run; to continue a stopped sweep, run the same command "
+            f"again without it"
+        )
     params = load_space(space_path, base, config_path=config_path, overrides=overrides, options_for=options_for)
     metric = base.train.metric_for_best_model or DEFAULT_OBJECTIVES.get(base.task)
     if not metric:

@@ -14,9 +14,9 @@ Out: a list of :class:`Param`, each of which an Optuna trial asks for its value;
 
 Every key of the space is checked against the task's config schema before the first trial: an
 unknown key, a numeric distribution on a non-numeric key, an empty choice or a bound the schema
-rejects is a :class:`SweepError`, and so is a key that the overrides fix or that another setting makes
-inert (:data:`INERT_WHILE_SET`). :func:`yaml_scalar` writes a value as the override that reads back as
-the same value.
+rejects is a :class:`SweepError`, and so is a key that the overrides fix, that another setting makes
+inert (:data:`INERT_WHILE_SET`) or that the sweep sets for each trial (:data:`SET_BY_THE_SWEEP`).
+:func:`yaml_scalar` writes a value as the override that reads back as the same value.
 """
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ INERT_WHILE_SET: tuple[tuple[str, str], ...] = (
     ("data.path", "data.files"),
     ("data.name", "data.files"),
 )
+# Keys the sweep sets for each trial itself, with the reason a searched value would be wrong.
+SET_BY_THE_SWEEP: dict[str, str] = {
+    "output_dir": "each trial runs in its own folder, trials/NNNN of the sweep's output_dir",
+    "overwrite": "each trial is a new run in a folder of its own, so there is nothing to overwrite",
+    "train.resume_from_checkpoint": "each trial is a new run; to continue a stopped sweep, run the same command again",
+}
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,8 @@ def load_space(
         # value would be written into the user's mapping.
         if any(param.key == key or param.key.startswith(key + ".") for key in fixed):
             raise SweepError(f"{source}: {param.key} is searched here but also fixed on the command line; drop one of them")
+        if param.key in SET_BY_THE_SWEEP:
+            raise SweepError(f"{source}: {param.key} cannot be searched: {SET_BY_THE_SWEEP[param.key]}")
         _check_not_inert(param, source, config, searched, origin)
         _check_against_schema(param, source, config.task, options_for(config.task))
         _check_values(param, source, config_path, overrides, options_for)
