@@ -28,6 +28,7 @@ from datasets import Dataset, DatasetDict
 from pipelines.config import DataConfig
 from pipelines.errors import DataError, describe, failures_named
 from pipelines.files import as_list, check_files_exist, load_local_files
+from pipelines.graphemes import is_blank
 from pipelines.hub import resolve_dataset
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def split_where(data: DataConfig, split: str) -> str:
 
 
 def _is_empty(value) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip())
+    return value is None or (isinstance(value, str) and is_blank(value))
 
 
 def require_values(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:

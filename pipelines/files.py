@@ -26,6 +26,7 @@ from datasets import Dataset, DatasetDict
 from datasets.exceptions import DatasetGenerationError
 
 from pipelines.errors import DataError, UserError, describe
+from pipelines.graphemes import is_blank
 
 logger = logging.getLogger(__name__)
 
@@ -397,7 +398,7 @@ def skip_blank_lines(inputs: Dataset, path: str | Path) -> Dataset:
     """
     if builder_for_files({"input": str(path)})[0] != "text":
         return inputs
-    blank = [index for index, text in enumerate(inputs["text"]) if not text.strip()]
+    blank = [index for index, text in enumerate(inputs["text"]) if is_blank(text)]
     if not blank:
         return inputs
     logger.warning(

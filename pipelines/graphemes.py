@@ -1,7 +1,8 @@
-"""Character spans made of whole grapheme clusters (what a reader sees as one character, UAX #29).
+"""What a reader sees of a text: spans of whole grapheme clusters (UAX #29), and whether anything is visible.
 
-In:  a text and a character span ``[start, end)`` into it, e.g. from a tokenizer's offsets.
-Out: the span widened to the clusters it touches, so ``text[start:end]`` never ends inside one.
+In:  a text and a character span ``[start, end)`` into it, e.g. from a tokenizer's offsets; or a text.
+Out: the span widened to the clusters it touches, so ``text[start:end]`` never ends inside one; whether a
+     character is invisible and a text blank (:func:`is_blank`: what every reader of examples calls empty).
 
 Why: normalizers that strip accents (uncased WordPiece, ALBERT, DeBERTa-v2) leave combining marks out
 of every piece's offsets, so a span built from offsets ended before the accent of "José" (NFD) or a
@@ -11,6 +12,7 @@ Devanagari vowel sign: QA answers and NER entities read "Jose", "नमस्त
 from __future__ import annotations
 
 import bisect
+import unicodedata
 
 import regex  # transformers' own dependency; unlike re, it knows grapheme clusters (\X)
 
@@ -29,3 +31,17 @@ def whole_graphemes(start: int, end: int, boundaries: list[int] | None) -> tuple
     if boundaries is None:
         return start, end
     return boundaries[bisect.bisect_right(boundaries, start) - 1], boundaries[bisect.bisect_left(boundaries, end)]
+
+
+def is_invisible(char: str) -> bool:
+    """Whitespace, a control or a format character (zero-width space, byte-order mark, bidi mark)."""
+    return char.isspace() or unicodedata.category(char) in ("Cc", "Cf")
+
+
+def is_blank(text: str) -> bool:
+    """Nothing to read: only whitespace, control and format characters.
+
+    A zero-width space, a byte-order mark or a bidi mark passes ``str.strip``, yet gives no piece on most
+    tokenizers (their normalizers drop it) and an invisible one on byte-level BPE: an "example" of nothing.
+    """
+    return all(is_invisible(char) for char in text)

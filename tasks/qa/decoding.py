@@ -11,22 +11,16 @@ Out: per example the best answer text with its character span, its probability, 
 from __future__ import annotations
 
 import collections
-import unicodedata
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pipelines.graphemes import grapheme_boundaries, whole_graphemes
+from pipelines.graphemes import grapheme_boundaries, is_invisible, whole_graphemes
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
     shifted = np.exp(scores - scores.max())
     return shifted / shifted.sum()
-
-
-def is_invisible(char: str) -> bool:
-    """Whitespace, a control or a format character (zero-width space, byte-order mark, bidi mark)."""
-    return char.isspace() or unicodedata.category(char) in ("Cc", "Cf")
 
 
 def trim_span(context: str, start: int, end: int) -> tuple[int, int] | None:

@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers import AutoModelForQuestionAnswering, Pipeline
 
+from pipelines.graphemes import is_blank
 from tasks.qa.decoding import postprocess_qa_predictions
-from tasks.qa.squad_files import is_blank
 from tasks.qa.windows import check_question_lengths, prepare_features
 
 PIPELINE_TASK = "question-answering"

@@ -22,7 +22,7 @@ from datasets import Dataset, Features, Sequence as SequenceFeature, Value
 
 from pipelines.errors import DataError, describe
 from pipelines.files import json_records, naming_undecodable, text_encoding
-from tasks.qa.decoding import is_invisible
+from pipelines.graphemes import is_blank
 
 EXAMPLE_FEATURES = Features({
     "id": Value("string"),
@@ -144,15 +144,6 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
 
 def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:
     return Dataset.from_list(rows, features=EXAMPLE_FEATURES)
-
-
-def is_blank(text: str) -> bool:
-    """Nothing to read: only whitespace, control and format characters.
-
-    A zero-width space, a byte-order mark or a bidi mark passes ``str.strip``, yet gives no piece (so no
-    span) on most tokenizers and an invisible one on byte-level BPE.
-    """
-    return all(is_invisible(char) for char in text)
 
 
 def check_examples(examples: Dataset, split: str, *, version_2_with_negative: bool | None) -> None:

@@ -16,6 +16,7 @@ from datasets import Dataset
 
 from pipelines.data import KeyedOnCode, tokenize_with_lengths
 from pipelines.errors import DataError
+from pipelines.graphemes import is_blank
 
 
 def to_language_columns(split: Dataset, languages: list[str], translation_column: str, split_name: str) -> Dataset:
@@ -55,10 +56,10 @@ def _unpack_translation(batch: dict, indices: list[int], *, languages: list[str]
 
 
 def empty_rows(split: Dataset, columns: list[str]) -> list[int]:
-    """Rows where any of ``columns`` is missing or only whitespace."""
+    """Rows where any of ``columns`` is missing or blank (only whitespace and invisible characters)."""
     empty: set[int] = set()
     for column in columns:
-        empty.update(row for row, text in enumerate(split[column]) if text is None or not str(text).strip())
+        empty.update(row for row, text in enumerate(split[column]) if text is None or is_blank(str(text)))
     return sorted(empty)
 
 

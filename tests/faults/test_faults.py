@@ -69,6 +69,9 @@ def test_faults_config_unknown_key_and_wrong_type(refused, finished_run, tmp_pat
         ("ragged.csv", "sentence,label\ngood film,positive\nbad,film,negative\n", ["line 3", "Expected 2 fields"]),
         ("empty_label.csv", "sentence,label\ngood film,positive\nbad film,\ndull,negative\n", ["split 'train'", "row 2", "empty 'label' cell"]),
         ("empty_text.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "", "label": "negative"}\n', ["split 'train'", "row 2", "empty 'sentence' cell"]),
+        # a zero-width space and a byte-order mark pass str.strip, yet the tokenizer reads nothing there
+        ("invisible_text.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "\\u200b \\ufeff", "label": "negative"}\n',
+         ["split 'train'", "row 2", "empty 'sentence' cell"]),
         ("latin1.jsonl", None, ["line 1", "not valid utf-8", "data.encoding"]),
         # JSON numbers are numbers (a csv cell of digits is text: its text column is read as written)
         ("numbers.jsonl", '{"sentence": 1, "label": "positive"}\n{"sentence": 2, "label": "negative"}\n', ["split 'train'", "column 'sentence' holds int64 values, not text"]),
@@ -494,7 +497,7 @@ def test_faults_predict_and_evaluate_on_a_checkpoint_name_its_run(refused, run_c
 
 def test_faults_predict_txt_skips_blank_lines(capsys, run_copy, tmp_path):
     inputs = tmp_path / "inputs.txt"
-    inputs.write_text("good film\n\nbad film\n   \nlovely\n")
+    inputs.write_text("good film\n\nbad film\n  \u200b \nlovely\n")
     output = tmp_path / "predictions.jsonl"
     status, stderr = bertpipe_in_process(capsys, "predict", run_copy, "--input", inputs, "--output", output)
     assert status == 0, stderr[-3000:]

@@ -83,8 +83,10 @@ def test_translation_missing_columns_lists_the_available_ones():
 
 
 def test_translation_empty_rows_finds_blank_sources_and_targets():
-    split = Dataset.from_list([{"de": "a", "en": "b"}, {"de": " ", "en": "b"}, {"de": "a", "en": ""}, {"de": "c", "en": "d"}])
-    assert empty_rows(split, ["de", "en"]) == [1, 2]
+    split = Dataset.from_list([{"de": "a", "en": "b"}, {"de": " ", "en": "b"}, {"de": "a", "en": ""}, {"de": "c", "en": "d"},
+                               {"de": "e", "en": "\u200b"}, {"de": "\ufeff\u200d ", "en": "f"}, {"de": "\u200bg", "en": "h"}])
+    # Zero-width and byte-order marks are no text: a target of them alone taught the model to say nothing.
+    assert empty_rows(split, ["de", "en"]) == [1, 2, 4, 5]
 
 
 def test_translation_empty_lines_fail_or_are_skipped_as_configured(tmp_path, tiny_bert):
