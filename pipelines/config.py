@@ -194,9 +194,12 @@ class DataConfig(Section):
     @classmethod
     def _known_encoding(cls, value: str) -> str:
         try:
-            codecs.lookup(value)
+            codec = codecs.lookup(value)
         except LookupError:
             raise ValueError(f"unknown text encoding {value!r} (e.g. utf-8, latin-1, cp1252)") from None
+        # base64, hex, zlib, rot13 are codecs too, of bytes to bytes or str to str: open() refuses them.
+        if not codec._is_text_encoding:
+            raise ValueError(f"{value!r} is a codec but not a text encoding (e.g. utf-8, latin-1, cp1252)")
         return value
 
     @model_validator(mode="after")

@@ -273,7 +273,12 @@ def _describe(error: ValidationError, schema: type[BaseModel], origin: Origin, t
             lines.append(f"missing required key {dotted!r} in {where}")
         else:
             got = problem.get("input")
-            lines.append(f"bad value for {dotted!r} in {where}: {problem['msg']} (got {got!r})")
+            message = problem["msg"].removeprefix("Value error, ")
+            if problem["type"] == "value_error" and isinstance(got, dict):
+                # A rule across the keys of a section: its message names them, and a dump of the section says nothing.
+                lines.append(f"{repr(dotted) + ' ' if shown else ''}in {where}: {message}")
+            else:
+                lines.append(f"bad value for {dotted!r} in {where}: {message} (got {got!r})")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -66,6 +66,9 @@ def eval_split_files_only(data: DataConfig) -> DataConfig:
 def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train: bool = True) -> DatasetDict:
     """Check splits exist and are non-empty, carve a held-out split if asked, then sample."""
     raw = DatasetDict(raw)
+    if data.eval_split in raw and data.validation_fraction and need_train:
+        logger.warning("data.validation_fraction=%s unused: the data has its own %r split (%s)", data.validation_fraction,
+                       data.eval_split, split_source(data, data.eval_split))
     if data.eval_split not in raw and data.validation_fraction and data.train_split in raw:
         try:
             held_out = raw[data.train_split].train_test_split(test_size=data.validation_fraction, seed=seed)

@@ -147,6 +147,11 @@ def load_model(
         apply_dropout(config, model.dropout)
         return auto_class.from_config(config)
 
+    unused = [key for key, value in (("model.architecture", model.architecture), ("model.model_type", model.model_type != "bert")) if value]
+    if model_path is None and unused:
+        # A from-scratch config reused with a checkpoint (continued pretraining, a student checkpoint) is a way of working;
+        # config.yaml still records these keys, so say that the checkpoint's own architecture is the one trained.
+        logger.warning("%s unused: model.name_or_path=%s brings its own architecture", " and ".join(unused), source)
     location = model_path or resolve_model(source)
     if model_path is not None and (Path(model_path) / "export.json").is_file():
         # An ONNX export directory (bertpipe export): an onnxruntime session with the model's call

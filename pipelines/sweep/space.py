@@ -65,14 +65,17 @@ DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 # (inert key, key that overrides it while set): pipelines/optim.py takes the length from max_steps and the warmup
-# from warmup_steps whenever they are set, and pipelines/data.py reads data.files and then never data.path or
-# data.name. Searching the first key while the second is set spends every trial on runs that train alike, so
-# default_space leaves such a key out and load_space refuses it.
+# from warmup_steps whenever they are set, pipelines/data.py reads data.files and then never data.path or
+# data.name, and pipelines/modeling.py builds a model from model_type and architecture only without a checkpoint.
+# Searching the first key (or one of its keys) while the second is set spends every trial on runs that train
+# alike, so default_space leaves such a key out and load_space refuses it.
 INERT_WHILE_SET: tuple[tuple[str, str], ...] = (
     ("train.num_epochs", "train.max_steps"),
     ("train.warmup_fraction", "train.warmup_steps"),
     ("data.path", "data.files"),
     ("data.name", "data.files"),
+    ("model.architecture", "model.name_or_path"),
+    ("model.model_type", "model.name_or_path"),
 )
 # Keys the sweep sets for each trial itself, with the reason a searched value would be wrong.
 SET_BY_THE_SWEEP: dict[str, str] = {
@@ -188,8 +191,13 @@ def _is_set(value: Any) -> bool:
 
 def _check_not_inert(param: Param, source: str, config: RunConfig, searched: dict[str, Param], origin: Origin) -> None:
     """``param`` is not a key that another setting, fixed or searched, makes inert in every trial."""
-    for key, overrider in INERT_WHILE_SET:
-        if param.key != key:
+    data = config.data
+    if param.key == "data.validation_fraction" and data.files and data.eval_split in data.files:
+        raise SweepError(f"{source}: data.validation_fraction is searched here, but data.files.{data.eval_split} gives the "
+                         f"eval split, so no trial holds rows out of train; drop data.validation_fraction")
+    key = param.key
+    for inert, overrider in INERT_WHILE_SET:
+        if key != inert and not key.startswith(inert + "."):
             continue
         also_searched = searched.get(overrider)
         if also_searched is not None:

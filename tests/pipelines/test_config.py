@@ -312,3 +312,21 @@ demo:
     bad = write(tmp_path, BASE.replace("learning_rate: 1.0e-4", "learning_rate: -1"))
     with pytest.raises(ConfigError, match=rf"'train.learning_rate' in {re.escape(str(bad))}"):
         load_config(bad, ["train={max_steps: 5}"], options_for)
+
+
+def test_config_encoding_that_is_a_codec_but_not_a_text_encoding_is_refused_naming_the_key(tmp_path):
+    # codecs.lookup knows base64, hex and zlib (bytes to bytes) and rot13 (str to str): reading a file with one
+    # ended in open()'s LookupError traceback, exit 1, after the config had passed.
+    for codec in ("base64", "hex", "zlib", "rot13"):
+        with pytest.raises(ConfigError, match=rf"bad value for 'data.encoding' in the command line: '{codec}' is a codec but not a text encoding"):
+            load_config(write(tmp_path, BASE), [f"data.encoding={codec}"], options_for)
+    assert load_config(write(tmp_path, BASE), ["data.encoding=latin-1"], options_for).data.encoding == "latin-1"
+
+
+def test_config_rule_across_a_sections_keys_is_said_without_a_dump_of_the_section(tmp_path):
+    # The message names the keys; "(got {...every key of the section...})" after it named nothing more.
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, BASE), ["train.early_stopping_patience=2", "train.metric_for_best_model=eval_accuracy"], options_for)
+    message = str(raised.value)
+    assert "'train' in " in message and "needs train.eval_steps" in message, message
+    assert "(got" not in message and "Value error" not in message and "learning_rate" not in message, message

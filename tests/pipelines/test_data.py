@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import pytest
@@ -46,6 +47,17 @@ def test_data_sampling_and_held_out_split(tmp_path):
     data = DataConfig(files={"train": str(train)}, validation_fraction=0.3, max_train_samples=4)
     splits = finalize_splits(load_raw(data), data, seed=0)
     assert len(splits["train"]) == 4 and len(splits["validation"]) == 3
+
+
+def test_data_held_out_share_with_an_eval_split_of_its_own_is_unused_and_says_so(tmp_path, caplog):
+    # The saved config records the fraction: the log says no row was held out.
+    train, valid = write_rows(tmp_path / "train.jsonl", ROWS), write_rows(tmp_path / "valid.jsonl", ROWS[:3])
+    data = DataConfig(files={"train": str(train), "validation": str(valid)}, validation_fraction=0.3)
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
+        splits = finalize_splits(load_raw(data), data, seed=0)
+    assert len(splits["train"]) == len(ROWS) and len(splits["validation"]) == 3
+    assert [record.getMessage() for record in caplog.records] == [
+        f"data.validation_fraction=0.3 unused: the data has its own 'validation' split (data.files.validation: {valid})"]
 
 
 def test_data_held_out_share_that_leaves_a_side_without_rows_names_the_key_file_and_count(tmp_path):

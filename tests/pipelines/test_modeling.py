@@ -105,6 +105,17 @@ def test_modeling_head_from_a_checkpoint_with_other_label_names_is_new_and_says_
     assert len(warnings) == 1 and "['negative', 'positive']" in warnings[0] and "['no', 'yes']" in warnings[0], warnings
 
 
+def test_modeling_from_scratch_keys_beside_a_checkpoint_are_unused_and_said_so(tmp_path, caplog):
+    # A from-scratch config reused with a checkpoint trains the checkpoint's architecture; config.yaml still records these.
+    save_checkpoint(tmp_path / "checkpoint", "bert", AutoModelForSequenceClassification, ["no", "yes"])
+    model = ModelConfig(name_or_path=str(tmp_path / "checkpoint"), model_type="roberta", architecture={"num_hidden_layers": 1})
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
+        loaded = load_model(AutoModelForSequenceClassification, model, label_maps=label_maps(["no", "yes"]))
+    assert loaded.config.model_type == "bert" and loaded.config.num_hidden_layers == 2
+    assert [record.getMessage() for record in caplog.records] == [
+        f"model.architecture and model.model_type unused: model.name_or_path={tmp_path / 'checkpoint'} brings its own architecture"]
+
+
 def test_modeling_head_whose_labels_are_placeholders_keeps_its_rows(tmp_path):
     """LABEL_0, LABEL_1 (a Hub model fine-tuned without label names) say nothing about the rows: kept in order."""
     checkpoint = save_checkpoint(tmp_path / "checkpoint", "bert", AutoModelForSequenceClassification, None)

@@ -119,13 +119,22 @@ def test_sweep_space_section_mapping_override_fixes_only_the_keys_it_gives(tmp_p
     ("train.warmup_fraction: {uniform: [0.0, 0.2]}", "train.warmup_steps", "on the command line", ["train.warmup_steps=0"], BASE),
     ("data.path: {choice: [a/b, c/d]}", "data.files", "on the command line", ["data.files={train: a.jsonl}"], BASE),
     ("data.name: {choice: [mrpc, sst2]}", "data.files", "in {config}", [], BASE + "  files: {train: a.jsonl}\n"),
-], ids=["epochs-dotted", "epochs-section", "epochs-file", "warmup-fraction", "data-path", "data-name"])
+    # A checkpoint brings its architecture: the trials' configs recorded 1 to 4 layers of one and the same model.
+    ("model.architecture.num_hidden_layers: {int: [1, 4]}", "model.name_or_path", "in {config}", [], BASE + "model:\n  name_or_path: m\n"),
+    ("model.model_type: {choice: [bert, roberta]}", "model.name_or_path", "on the command line", ["model.name_or_path=m"], BASE),
+], ids=["epochs-dotted", "epochs-section", "epochs-file", "warmup-fraction", "data-path", "data-name", "architecture", "model-type"])
 def test_sweep_space_key_that_a_set_key_overrides_is_an_error_naming_both_and_where(tmp_path, searched, overrider, where, overrides, base):
     key = searched.split(":")[0]
     with pytest.raises(SweepError) as raised:
         space_of(tmp_path, searched, *overrides, base=base)
     where = where.format(config=tmp_path / "run.yaml")
     assert f"{tmp_path / 'space.yaml'}: {key} is searched here, but {overrider}, set {where}, overrides it" in str(raised.value)
+
+
+def test_sweep_space_validation_fraction_with_an_eval_file_is_an_error(tmp_path):
+    # The eval split has a file of its own: no trial held a row out, and the study ranked fractions that trained alike.
+    with pytest.raises(SweepError, match=r"data.validation_fraction is searched here, but data.files.validation gives the eval split"):
+        space_of(tmp_path, "data.validation_fraction: {uniform: [0.1, 0.5]}", "data.files={train: a.jsonl, validation: b.jsonl}")
 
 
 def test_sweep_space_key_overridden_in_every_trial_by_another_searched_key_is_an_error(tmp_path):
@@ -137,7 +146,9 @@ def test_sweep_space_key_overridden_in_every_trial_by_another_searched_key_is_an
     ("train.num_epochs: {int: [1, 4]}", ["train.max_steps=null"], BASE + "train:\n  max_steps: 50\n"),
     ("train.num_epochs: {int: [1, 4]}\ntrain.max_steps: {choice: [50, null]}", [], BASE),
     ("data.name: {choice: [mrpc, sst2]}", ["data.files={}"], BASE),  # no files: data.path and data.name are read
-], ids=["unset-on-the-command-line", "null-among-the-searched-values", "empty-files"])
+    ("model.architecture.num_hidden_layers: {int: [1, 4]}", [], BASE),  # no checkpoint: built from the architecture
+    ("data.validation_fraction: {uniform: [0.1, 0.3]}", ["data.files={train: a.jsonl}"], BASE),  # no eval file: rows held out
+], ids=["unset-on-the-command-line", "null-among-the-searched-values", "empty-files", "from-scratch", "held-out"])
 def test_sweep_space_key_whose_overriding_key_is_unset_in_some_trials_is_searched(tmp_path, searched, overrides, base):
     keys = [param.key for param in space_of(tmp_path, searched, *overrides, base=base)]
     assert keys == [line.split(":")[0] for line in searched.splitlines()]
