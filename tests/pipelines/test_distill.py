@@ -419,3 +419,13 @@ train: {{batch_size: 4, max_steps: 2}}
         soft_targets = teacher(**own).logits
     expected = soft_target_kl(outputs.logits.detach(), soft_targets, config.distill.temperature)
     assert float(outputs.loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
+
+
+def test_distill_into_its_own_teacher_is_refused_naming_both_keys_without_the_config(classification_teacher, tmp_path):
+    root, path, teacher = classification_teacher
+    with pytest.raises(ConfigError) as raised:
+        distill_config(str(teacher), str(path), [f"output_dir={teacher}"], options_for)
+    message = str(raised.value)
+    assert "distill.teacher is output_dir: the student must be written to another output_dir" in message, message
+    # the whole resolved config followed as "(got {...})", every key of it, after a "bad value for '(top level)'"
+    assert "(got" not in message and "(top level)" not in message and "learning_rate" not in message, message
