@@ -120,6 +120,18 @@ def _check_creatable(run_dir: Path) -> None:
         raise OutputDirError(f"output_dir {run_dir} is not writable")
 
 
+def check_outside_data_folder(config: RunConfig, folder: Path, key: str = "output_dir") -> None:
+    """``folder`` (a run's, a sweep's) is not inside the local ``data.path`` folder, which is read whole, subfolders
+    too: the run's checkpoints changed the data's digest, so it could never resume ("contents changed"), and the
+    ``eval_validation.json`` that ``evaluate`` wrote became rows of the validation split, which no load could cast."""
+    data_folder = run_inputs(config).get("data.path")
+    if data_folder is not None and data_folder.is_dir() and _inside(folder.expanduser().resolve(), data_folder):
+        raise OutputDirError(
+            f"{key} {folder} lies inside data.path={config.data.path}, a folder read whole as the run's data: the run's "
+            f"files would become part of it. Choose a {key} outside {config.data.path}"
+        )
+
+
 def check_output_dir(config: RunConfig) -> bool:
     """Refuse an ``output_dir`` whose contents a run would mix with or lose; nothing is deleted here.
 
@@ -130,6 +142,7 @@ def check_output_dir(config: RunConfig) -> bool:
     """
     run_dir = Path(config.output_dir)
     _check_creatable(run_dir)
+    check_outside_data_folder(config, run_dir)
     if _is_absent_or_empty(run_dir):
         return False
     try:

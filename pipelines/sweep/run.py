@@ -79,7 +79,7 @@ def run_sweep(
         first_report=(base.train.eval_steps or 1) * base.train.batch_size * base.train.gradient_accumulation_steps,
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    _check_output_dir(output_dir)
+    _check_output_dir(base, output_dir)
     _check_trials_are_this_studys(plan)
     output_dir.mkdir(parents=True, exist_ok=True)
     study = _create_study(plan)
@@ -116,19 +116,20 @@ def _holds_a_sweep(folder: Path) -> bool:
     return (folder / LOCK_FILE).is_file() or (folder / JOURNAL_FILE).is_file() or any((folder / TRIALS_DIR).glob(f"*/{TRIAL_FILE}"))
 
 
-def _check_output_dir(output_dir: Path) -> None:
+def _check_output_dir(config: RunConfig, output_dir: Path) -> None:
     """A sweep writes only into a new or empty folder, or an earlier sweep's, before anything is written.
 
     It writes ``sweep.md``, ``best.yaml``, plots and ``trials/`` there: in a training run's folder (the
     same config's ``output_dir``) or any folder of other files, it mixed its files with theirs and wrote
     over any of the same name.
     """
+    from pipelines.outputs import check_outside_data_folder, is_run_dir
+
     if output_dir.exists() and not output_dir.is_dir():
         raise SweepError(f"output_dir {output_dir} is a file; a sweep writes its trials and report into a folder. Choose another output_dir")
+    check_outside_data_folder(config, output_dir)  # its trials' runs would be
     if not output_dir.is_dir() or not any(output_dir.iterdir()) or _holds_a_sweep(output_dir):
         return
-    from pipelines.outputs import is_run_dir
-
     what = "a bertpipe training run" if is_run_dir(output_dir) else "not empty and holds no sweep"
     raise SweepError(
         f"output_dir {output_dir} is {what}; a sweep writes its trials, sweep.md, best.yaml and plots only into a new "

@@ -259,3 +259,31 @@ def test_outputs_overwrite_refuses_a_run_folder_holding_a_tasks_own_checkpoint(t
         config = load_config(config_path, ["overwrite=true", f"translation.{key}={run / 'encoder'}"], options_for)
         with pytest.raises(OutputDirError, match=rf"but translation.{key}={run / 'encoder'} lies inside it \(an input of this run\)"):
             check_output_dir(config)
+
+
+def test_outputs_output_dir_inside_the_data_folder_is_refused_before_anything_is_written(tmp_path, tiny_bert, sentiment_files):
+    """The data.path folder is read whole: a run inside it changed the data's digest with its own checkpoints (it could never
+    resume), and evaluate's eval_validation.json was read as rows of the validation split (no later load could cast it)."""
+    import shutil
+
+    from pipelines.config_loading import load_config
+    from pipelines.errors import OutputDirError
+    from pipelines.outputs import check_output_dir
+    from pipelines.sweep.run import run_sweep
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    data = tmp_path / "ds"
+    data.mkdir()
+    for split, path in sentiment_files.items():
+        shutil.copy(path, data / f"{split}.jsonl")
+    path = classification_config(tmp_path, tiny_bert, sentiment_files)
+    for output_dir in (data / "run", data / "deeper" / "run", data):
+        config = load_config(path, ["data.files={}", f"data.path={data}", f"output_dir={output_dir}"], lambda name: get_task(name).Options)
+        with pytest.raises(OutputDirError, match=rf"output_dir {output_dir} lies inside data.path={data}, a folder read whole"):
+            check_output_dir(config)
+        with pytest.raises(OutputDirError, match=rf"output_dir {output_dir} lies inside data.path={data}"):
+            run_sweep(str(path), ["data.files={}", f"data.path={data}", f"output_dir={output_dir}"], get_task, trials=1)
+    assert sorted(item.name for item in data.iterdir()) == ["train.jsonl", "validation.jsonl"]
+    beside = load_config(path, ["data.files={}", f"data.path={data}", f"output_dir={tmp_path / 'ds-run'}"], lambda name: get_task(name).Options)
+    assert check_output_dir(beside) is False  # a sibling whose name starts the same is outside
