@@ -104,9 +104,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            # ``<<: *defaults`` merges a mapping's keys; a key given here as well overrides the merged one, as
+            # the merge key means (PyYAML's flatten_mapping, inside construct_mapping, orders them so).
+            continue
         key = loader.construct_object(key_node, deep=deep)
         try:
             first = seen.get(key)

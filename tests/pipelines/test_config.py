@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipelines.config import ConfigError, TaskOptions
-from pipelines.config_loading import apply_overrides, load_config, parse_override
+from pipelines.config_loading import apply_overrides, load_config, parse_override, read_yaml
 
 
 class DemoOptions(TaskOptions):
@@ -189,6 +189,19 @@ def test_config_key_given_twice_on_one_line_or_in_an_override_is_an_error(tmp_pa
         load_config(path, [], options_for)
     with pytest.raises(ConfigError, match=r"data.files=\{train: a.jsonl, train: b.jsonl\}.*duplicate key 'train'"):
         load_config(write(tmp_path, BASE), ["data.files={train: a.jsonl, train: b.jsonl}"], options_for)
+
+
+def test_config_merge_key_takes_a_mappings_keys_and_the_keys_given_beside_it_win(tmp_path):
+    # `<<: *anchor` (YAML's merge key) was refused as "not valid YAML" (no constructor for the merge tag).
+    merged = write(tmp_path, BASE.replace("  learning_rate: 1.0e-4\n", "  <<: {batch_size: 8, learning_rate: 3.0e-4}\n  learning_rate: 1.0e-4\n"))
+    config = load_config(merged, [], options_for)
+    assert (config.train.batch_size, config.train.learning_rate) == (8, 1.0e-4)
+    anchored = tmp_path / "anchored.yaml"
+    anchored.write_text("base: &base {a: 1, b: 2}\nchild:\n  <<: *base\n  b: 3\n")
+    assert read_yaml(anchored) == {"base": {"a": 1, "b": 2}, "child": {"a": 1, "b": 3}}
+    duplicated = write(tmp_path, BASE.replace("  learning_rate: 1.0e-4\n", "  <<: {batch_size: 8}\n  learning_rate: 1.0e-4\n  learning_rate: 2.0e-4\n"))
+    with pytest.raises(ConfigError, match=r"duplicate key 'learning_rate' \(first given on line 7\)"):
+        load_config(duplicated, [], options_for)
 
 
 def test_config_architecture_reads_exponent_numbers_as_floats(tmp_path):
