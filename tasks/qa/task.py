@@ -101,7 +101,9 @@ starts, ends = outputs.start_logits[0].tolist(), outputs.end_logits[0].tolist()
 in_context = [part == (1 if question_first else 0) for part in inputs.sequence_ids(0)]
 best, start, end = max((starts[s] + ends[e], s, e) for s in range(len(starts))
                        for e in range(s, min(s + settings["max_answer_len"], len(ends))) if in_context[s] and in_context[e])
-cls = inputs["input_ids"][0].tolist().index(tokenizer.cls_token_id)
+# The template's CLS, owned by no text sequence (XLNet's comes last; a context may hold the text "<cls>" too).
+cls = next(i for i, (token, part) in enumerate(zip(inputs["input_ids"][0].tolist(), inputs.sequence_ids(0)))
+           if token == tokenizer.cls_token_id and part is None)
 if settings["handle_impossible_answer"] and starts[cls] + ends[cls] - best > settings["null_score_diff_threshold"]:
     print("(no answer)")
 else:

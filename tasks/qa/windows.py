@@ -107,8 +107,17 @@ def answer_char_span(context: str, start_char: int, text: str) -> tuple[int, int
     return start, last_grapheme.start() + 1
 
 
-def _cls_index(input_ids: list[int], cls_token_id: int | None) -> int:
-    return input_ids.index(cls_token_id) if cls_token_id is not None and cls_token_id in input_ids else 0
+def _cls_index(input_ids: list[int], sequence_ids: list[int | None], cls_token_id: int | None) -> int:
+    """The position of the CLS token the tokenizer's template added (no text sequence owns it), 0 without one.
+
+    Not the first CLS id of the window: a context or question holding the text ``<cls>`` encodes it as that id, and
+    XLNet's template puts its own CLS last, after the context. The text's token was then the no-answer position:
+    trained towards, and its span's score taken for the null score, so SQuAD v2 never answered "no answer".
+    """
+    if cls_token_id is None:
+        return 0
+    return next((position for position, (token, part) in enumerate(zip(input_ids, sequence_ids))
+                 if token == cls_token_id and part is None), 0)
 
 
 def prepare_features(batch: dict[str, list], indices: list[int], *, tokenizer, max_length: int, doc_stride: int, train: bool) -> dict:
@@ -124,8 +133,9 @@ def prepare_features(batch: dict[str, list], indices: list[int], *, tokenizer, m
     all_offsets = encoded.pop("offset_mapping")
     starts, ends, example_index, offsets_out, cls_out = [], [], [], [], []
     for window, sample in enumerate(sample_map):
-        offsets = context_offsets(all_offsets[window], encoded.sequence_ids(window), context_id)
-        cls_index = _cls_index(encoded["input_ids"][window], tokenizer.cls_token_id)
+        sequence_ids = encoded.sequence_ids(window)
+        offsets = context_offsets(all_offsets[window], sequence_ids, context_id)
+        cls_index = _cls_index(encoded["input_ids"][window], sequence_ids, tokenizer.cls_token_id)
         if train:
             answers = batch["answers"][sample]
             if answers["text"]:

@@ -62,3 +62,22 @@ def test_families_qa_left_padding_tokenizer_decodes_each_window_as_if_alone(xlne
         assert row["score"] == pytest.approx(expected["score"], abs=1e-4)
         assert served["score"] == pytest.approx(expected["score"], abs=1e-4)
     assert len(widths) > 1  # windows of unequal length, so padding
+
+
+def test_families_qa_no_answer_position_is_the_templates_cls_not_a_cls_in_the_text(xlnet_checkpoint):
+    """XLNet's template puts its <cls> last; the text "<cls>" in a context encodes to the same id. The first such id was
+    taken for the no-answer position: windows without the answer were trained to point at the text's token, and its
+    span's score was read as the null score, so a SQuAD v2 run could never answer "no answer"."""
+    from transformers import AutoTokenizer
+
+    from tasks.qa import prepare_features
+
+    tokenizer = AutoTokenizer.from_pretrained(xlnet_checkpoint)
+    batch = {"question": ["who saw it"], "context": ["the man saw <cls> in Paris today"], "answers": [{"text": [], "answer_start": []}]}
+    for train_features in (True, False):
+        features = prepare_features(batch, [0], tokenizer=tokenizer, max_length=64, doc_stride=16, train=train_features)
+        ids = features["input_ids"][0]
+        assert ids.count(tokenizer.cls_token_id) == 2  # the context's and the template's, last
+        assert features["cls_index"] == [len(ids) - 1]
+        if train_features:
+            assert features["start_positions"] == features["end_positions"] == [len(ids) - 1]
