@@ -24,9 +24,9 @@ from transformers import AutoModelForTokenClassification, DataCollatorForTokenCl
 
 from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import RunConfig, TaskOptions
-from pipelines.data import KeyedOnCode, finalize_splits
+from pipelines.data import KeyedOnCode, finalize_splits, require_values
 from pipelines.errors import DataError
-from pipelines.files import load_split_files, read_inputs
+from pipelines.files import builder_for_files, load_split_files, read_inputs
 from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import encode_words_as_in_running_text, load_model
@@ -234,6 +234,7 @@ class NerTask(TaskBase):
         if path.suffix.lower() == ".conll":
             # Tags are not read: text to tag often comes one token per line, with no tag column at all.
             rows = read_conll(path, token_column=self.options.conll_token_column, tag_column=None, encoding=self.config.data.encoding)
+            _require_a_word([r["tokens"] for r in rows], path)
             return Dataset.from_dict({"tokens": [r["tokens"] for r in rows], "location": [r["location"] for r in rows]})
         inputs = read_inputs(path, encoding=self.config.data.encoding, text_columns=["text"])
         if self.tokens_column in inputs.column_names:
@@ -246,6 +247,7 @@ class NerTask(TaskBase):
                         f"{path}, row {index + 1}: {self.tokens_column!r} must be a list of strings, not {words!r} (every row of "
                         f"an input gives a {self.tokens_column!r} word list, or every row a 'text' string)"
                     )
+            _require_a_word(tokens, path)
             return Dataset.from_dict({"tokens": tokens, "location": [f"{path}, row {i + 1}" for i in range(len(tokens))]})
         if "text" not in inputs.column_names:
             raise DataError(f"{path}: each input needs a 'text' string or a {self.tokens_column!r} word list; found {inputs.column_names}")
@@ -254,10 +256,12 @@ class NerTask(TaskBase):
             kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
             raise DataError(f"{path}: 'text' holds {kind} values, not text (give each input a 'text' string, or a "
                             f"{self.tokens_column!r} word list)")
+        if builder_for_files({"input": str(path)})[0] != "text":
+            # A blank line of a txt input is a line without entities; an empty or missing cell is a row left out.
+            require_values(inputs, ["text"], "input", f"--input {path}")
         texts = [text or "" for text in inputs["text"]]
         words = [split_words(text) for text in texts]
-        if not any(words):
-            raise DataError(f"{path}: no input line holds any word")
+        _require_a_word(words, path)
         return Dataset.from_dict({
             "text": texts,
             "tokens": [[word for word, _ in sentence] for sentence in words],
@@ -409,3 +413,10 @@ class NerTask(TaskBase):
             lines.extend(f"{w} {g} {p}" for w, g, p in zip(words, gold, predicted))
             lines.append("")
         write_text_atomically(Path(run_dir) / "eval_predictions.conll", "\n".join(lines) + "\n")
+
+
+def _require_a_word(sentences: list[list], path: Path) -> None:
+    # Inputs without one word (a .conll file of -DOCSTART- lines, rows of empty word lists) have nothing to tag;
+    # batching them ended in a traceback (no input_ids column).
+    if not any(sentences):
+        raise DataError(f"input file {path} holds no words to tag")

@@ -110,8 +110,7 @@ AGREEMENT_TEXTS = [
     "Yesterday Bob's film (with Roberto Kowalski) was in Rome!",
     "the U.S. man met Alice-Kowalski in Berlin; Marguerite saw Paris.",
     "  spaced   out  Marguerite\tKowalski  lives in  Rome ",
-    "?!",
-    "",
+    "?!",  # no word of letters ("" is refused in a jsonl input: an empty text cell)
     " ".join(["Marguerite Kowalski met Roberto Anastasia in Valparaiso, Montevideo and Copenhagen."] * 5),
 ]
 
@@ -143,6 +142,7 @@ def test_families_ner_documented_pipeline_finds_predicts_entities(ner_run):
     for text, row, found in zip(AGREEMENT_TEXTS, raw, tagger(AGREEMENT_TEXTS, batch_size=4)):
         assert_same_entities(row["entities"], found, text, family)
     assert sum(len(row["entities"]) for row in raw) >= 3, family  # not vacuous: the barely trained model tags entities
+    assert tagger("") == [], family
 
     word_lists = [text.split() for text in AGREEMENT_TEXTS if text.split()]
     given = predict(run, [{"tokens": words} for words in word_lists], folder)

@@ -236,6 +236,24 @@ def test_ner_predict_inputs_of_the_wrong_kind_are_refused_naming_the_row_and_csv
     assert task.load_inputs(str(digits))["tokens"] == [["007", "Bond"], ["1996"]]
 
 
+def test_ner_predict_inputs_without_a_word_or_with_an_empty_text_cell_are_refused_naming_them(tmp_path):
+    # No word at all (a .conll file of -DOCSTART- only, rows of empty word lists) ended in a traceback from batching,
+    # exit 1; an empty or missing jsonl/csv text cell was tagged as "" (the README: an empty text cell is an error).
+    task = _task(tmp_path, {"train": _write(tmp_path / "train.txt", CONLL)})
+    for name, content in (("docstart.conll", "-DOCSTART- -X- -X- O\n\n"), ("empty.conll", ""), ("no_words.jsonl", '{"tokens": []}\n')):
+        inputs = _write(tmp_path / name, content)
+        with pytest.raises(DataError, match=rf"input file {re.escape(str(inputs))} holds no words to tag"):
+            task.load_inputs(str(inputs))
+    for name, content in (("empty.jsonl", '{"text": "Alice visited Rome"}\n{"text": ""}\n'), ("null.jsonl", '{"text": "Rome"}\n{"text": null}\n'),
+                          ("missing.jsonl", '{"text": "Rome"}\n{"id": 4}\n'), ("cell.csv", "id,text\n1,Alice visited Rome\n2,\n")):
+        inputs = _write(tmp_path / name, content)
+        with pytest.raises(DataError, match=rf"--input {re.escape(str(inputs))}\), row 2: empty 'text' cell"):
+            task.load_inputs(str(inputs))
+    # A txt input's blank line is a line without entities, kept in place.
+    lines = _write(tmp_path / "lines.txt", "Alice visited Rome\n\nBob\n")
+    assert task.load_inputs(str(lines))["tokens"] == [["Alice", "visited", "Rome"], [], ["Bob"]]
+
+
 def test_ner_read_json_rows_takes_a_byte_order_mark(tmp_path):
     # json refused the first line ("Unexpected UTF-8 BOM") of a file a Windows editor saved.
     for name, text in (("rows.jsonl", json.dumps({"tokens": ["Rome"], "ner_tags": ["B-LOC"]}) + "\n"),
