@@ -160,7 +160,42 @@ def json_records(text: str, source: str | Path) -> Iterator[tuple[int, dict[str,
             raise DataError(f"{source}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
         if not isinstance(record, dict):
             raise DataError(f"{source}, line {number}: a JSON-lines record must be an object, got {type(record).__name__}")
+        check_no_lone_surrogate(line, record, f"{source}, line {number}")
         yield number, record
+
+
+# A JSON escape of a UTF-16 surrogate (\ud800 to \udfff). A pair of them is one character (an emoji, \ud83d\ude00);
+# one alone is half of one, which json.loads keeps in the string and pyarrow refuses later, in a traceback.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def check_no_lone_surrogate(text: str, parsed: Any, where: str) -> None:
+    """A DataError naming ``where`` and the key when a string of ``parsed`` (read from the JSON ``text``) holds
+    half of a surrogate pair. Only a text holding such an escape at all is walked."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return
+    found = _lone_surrogate_at(parsed, "")
+    if found is not None:
+        raise DataError(f"{where}: {found or 'the value'} holds a \\ud800-\\udfff escape without its pair (half of a UTF-16 "
+                        "surrogate pair, not a character); write the character itself, or both halves of the pair")
+
+
+def _lone_surrogate_at(value: Any, at: str) -> str | None:
+    """The JSON path (``data[0].paragraphs[2].context``) of the first string holding a lone surrogate; None if none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return at
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        item_at = f"{at}[{key}]" if isinstance(key, int) else f"{at}.{key}" if at else str(key)
+        found = _lone_surrogate_at(key, item_at) if isinstance(key, str) else None
+        found = found if found is not None else _lone_surrogate_at(item, item_at)
+        if found is not None:
+            return found
+    return None
 
 
 def load_split_files(
@@ -360,10 +395,15 @@ def _file_shape_problem(path: Path, builder: str, encoding: str, *, where: str) 
         return f"{where} holds a header but no rows"
     if builder == "json":
         try:
-            json.loads(text)
-            return None  # one JSON document: the reader's own message will say what it dislikes
+            document = json.loads(text)
         except json.JSONDecodeError:
             pass
+        else:
+            try:
+                check_no_lone_surrogate(text, document, where)
+            except DataError as error:
+                return str(error)
+            return None  # one JSON document: the reader's own message will say what it dislikes
         try:
             for _ in json_records(text, where):
                 pass

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from datasets import ClassLabel, Dataset
 
 from pipelines.errors import DataError
-from pipelines.files import json_records, naming_undecodable, text_encoding
+from pipelines.files import check_no_lone_surrogate, json_records, naming_undecodable, text_encoding
 
 CONLL_SUFFIXES = (".txt", ".conll")
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -105,6 +105,7 @@ def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any
         loaded = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+    check_no_lone_surrogate(text, loaded, str(path))
     if isinstance(loaded, dict) and isinstance(loaded.get("data"), list):
         loaded = loaded["data"]
     if not isinstance(loaded, list) or not all(isinstance(row, dict) for row in loaded):

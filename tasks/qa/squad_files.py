@@ -21,7 +21,7 @@ import pyarrow.parquet
 from datasets import Dataset, Features, Sequence as SequenceFeature, Value
 
 from pipelines.errors import DataError, describe
-from pipelines.files import json_records, naming_undecodable, text_encoding
+from pipelines.files import check_no_lone_surrogate, json_records, naming_undecodable, text_encoding
 from pipelines.graphemes import is_blank
 
 EXAMPLE_FEATURES = Features({
@@ -124,6 +124,8 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
             document = json.loads(text)
         except json.JSONDecodeError:
             document = None  # several objects: jsonl
+        else:
+            check_no_lone_surrogate(text, document, str(path))
     # A flat row may carry a field named "data" of its own (one row: the file is one JSON object, as a nested file is).
     if isinstance(document, dict) and "data" in document and not {"question", "context"} <= document.keys():
         return flatten_squad_json(document, str(path))

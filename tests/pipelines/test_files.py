@@ -67,3 +67,29 @@ def test_files_csv_column_is_typed_from_every_row_not_its_first_chunk(tmp_path, 
     assert split["flag"][:2] == ["false", "true"]
     # A column of numbers only stays numeric (float labels are a regression).
     assert split.features["score"].dtype == "float64" and split["score"][-1] == 1000.0
+
+
+def test_files_a_json_escape_of_half_a_surrogate_pair_names_the_line_and_key(tmp_path):
+    # json.loads keeps "\ud83d" alone as a lone surrogate; pyarrow refused it later in a traceback (exit 1), or
+    # datasets named "row 1" for the file's line 2.
+    from pipelines.files import json_records
+    from tasks.ner.sentences import read_json_rows
+    from tasks.qa.squad_files import read_squad_file
+
+    lone = '{"text": "Alice \\ud83d visited Rome"}'
+    paired = '{"text": "Alice \\ud83d\\ude00 visited Rome"}'
+    assert [record["text"] for _, record in json_records(paired + "\n", "f.jsonl")] == ["Alice \U0001F600 visited Rome"]
+    with pytest.raises(DataError, match=r"^f.jsonl, line 2: text holds a \\ud800-\\udfff escape without its pair"):
+        list(json_records(paired + "\n" + lone + "\n", "f.jsonl"))
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text(paired + "\n" + lone + "\n")
+    with pytest.raises(DataError, match=rf"{inputs}, line 2: text holds a \\ud800-\\udfff escape"):
+        read_inputs(inputs)
+    nested = tmp_path / "squad.json"
+    nested.write_text('{"data": [{"title": "t", "paragraphs": [{"context": "Rome \\udc00", "qas": []}]}]}')
+    with pytest.raises(DataError, match=rf"{nested}: data\[0\].paragraphs\[0\].context holds"):
+        read_squad_file(nested)
+    listed = tmp_path / "ner.json"
+    listed.write_text('[{"tokens": ["Rome"], "tags": ["B-LOC"]}, {"tokens": ["Alice", "\\ud83d"], "tags": ["B-PER", "O"]}]')
+    with pytest.raises(DataError, match=rf"{listed}: \[1\].tokens\[1\] holds"):
+        read_json_rows(listed)
