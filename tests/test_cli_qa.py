@@ -114,7 +114,7 @@ def test_cli_qa_predict_and_the_registered_pipeline_agree(trained_run, tmp_path)
     output = tmp_path / "answers.jsonl"
     run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(output))
     answers = [json.loads(line) for line in output.read_text().splitlines()]
-    assert [a["id"] for a in answers] == ["short", "1"]
+    assert [a["id"] for a in answers] == ["short", "2"]  # a row without an id: its number, counting from 1
     assert [a["source"] for a in answers] == ["a", "b"]  # the input's other columns, copied; the context is not
     assert all("context" not in a for a in answers)
     assert [a["answer"] for a in answers] == ["bob", "grace"]

@@ -113,7 +113,7 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
     if not path.is_file():
         raise DataError(f"file {path} does not exist")
     if path.suffix.lower() == ".parquet":
-        return [flat_row(row, f"{path}: row {index + 1}", str(index)) for index, row in enumerate(_parquet_rows(path))]
+        return [flat_row(row, f"{path}: row {index + 1}", str(index + 1)) for index, row in enumerate(_parquet_rows(path))]
     with naming_undecodable({"input": [path]}, encoding):
         text = path.read_text(encoding=text_encoding(encoding))  # a byte-order mark dropped: json refuses it
     if not text.strip():
@@ -130,11 +130,11 @@ def read_squad_file(path: str | Path, *, encoding: str = "utf-8") -> list[dict[s
     if isinstance(document, dict) and "data" in document and not {"question", "context"} <= document.keys():
         return flatten_squad_json(document, str(path))
     if isinstance(document, list):
-        return [flat_row(row, f"{path}: item {i + 1}", str(i)) for i, row in enumerate(document)]
+        return [flat_row(row, f"{path}: item {i + 1}", str(i + 1)) for i, row in enumerate(document)]
     if isinstance(document, dict):
-        return [flat_row(document, f"{path}: line 1", "0")]
+        return [flat_row(document, f"{path}: line 1", "1")]
     # Neither one JSON document nor nested SQuAD: JSON lines, one flat row each.
-    return [flat_row(row, f"{path}: line {number}", str(index)) for index, (number, row) in enumerate(json_records(text, path))]
+    return [flat_row(row, f"{path}: line {number}", str(index + 1)) for index, (number, row) in enumerate(json_records(text, path))]
 
 
 def _parquet_rows(path: Path) -> list[dict[str, Any]]:
@@ -148,8 +148,9 @@ def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:
     return Dataset.from_list(rows, features=EXAMPLE_FEATURES)
 
 
-def check_examples(examples: Dataset, split: str, *, version_2_with_negative: bool | None) -> None:
-    """Empty contexts, blank questions and (for v1) unanswerable questions are errors naming the example.
+def check_examples(examples: Dataset, where: str, *, version_2_with_negative: bool | None) -> None:
+    """Empty contexts, blank questions and (for v1) unanswerable questions are errors naming ``where`` (the split
+    and its file, or the --input) and the example, counting from 1.
 
     A blank question was answered all the same (the model reads only the context), in predict and in
     evaluation, and trained a span for no question.
@@ -158,14 +159,14 @@ def check_examples(examples: Dataset, split: str, *, version_2_with_negative: bo
     for index, (identifier, question, context, answers) in enumerate(rows):
         if is_blank(context):
             raise DataError(
-                f"split {split!r}, example {index} (id {identifier!r}): the context is empty (nothing but whitespace "
+                f"{where}, example {index + 1} (id {identifier!r}): the context is empty (nothing but whitespace "
                 "or invisible characters)"
             )
         if is_blank(question):
-            raise DataError(f"split {split!r}, example {index} (id {identifier!r}): the question is blank ({question!r})")
+            raise DataError(f"{where}, example {index + 1} (id {identifier!r}): the question is blank ({question!r})")
         if version_2_with_negative is False and not answers["text"]:
             raise DataError(
-                f"split {split!r}, example {index} (id {identifier!r}) has no answer, which SQuAD v1.1 does not allow; "
+                f"{where}, example {index + 1} (id {identifier!r}) has no answer, which SQuAD v1.1 does not allow; "
                 "set qa.version_2_with_negative=true for data with unanswerable questions"
             )
 

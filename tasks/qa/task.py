@@ -115,12 +115,13 @@ else:
         super().__init__(config)
         self.options: QAOptions = config.task_options
         self._metric = None
+        self._input_where = "--input"  # with its path once load_inputs has read it
 
     # ----- data ----------------------------------------------------------------------------
     def _normalise_hub_split(self, split: Dataset, name: str) -> Dataset:
         require_columns(split, ["question", "context"], split_where(self.config.data, name))
         rows = split.to_list()
-        return rows_to_dataset([flat_row(row, f"split {name!r}, row {i + 1}", str(i)) for i, row in enumerate(rows)])
+        return rows_to_dataset([flat_row(row, f"split {name!r}, row {i + 1}", str(i + 1)) for i, row in enumerate(rows)])
 
     def load(self, *, include_train: bool = True) -> DatasetDict:
         data = self.config.data
@@ -130,14 +131,15 @@ else:
             raw = DatasetDict({name: self._normalise_hub_split(split, name) for name, split in load_raw(data).items()})
         raw = finalize_splits(raw, data, self.config.seed, need_train=include_train)
         for split_name, split in raw.items():
-            check_examples(split, split_name, version_2_with_negative=self.options.version_2_with_negative)
+            check_examples(split, split_where(data, split_name), version_2_with_negative=self.options.version_2_with_negative)
         if data.eval_split in raw:
             check_unique_ids(raw[data.eval_split], data.eval_split)
         return raw
 
     def load_inputs(self, path: str) -> Dataset:
         examples = rows_to_dataset(read_squad_file(path, encoding=self.config.data.encoding))
-        check_examples(examples, "input", version_2_with_negative=None)
+        self._input_where = f"--input {path}"
+        check_examples(examples, self._input_where, version_2_with_negative=None)
         return examples
 
     def build_model(self, raw, model_path: str | None = None):
@@ -154,7 +156,9 @@ else:
 
     def preprocess(self, examples: Dataset, *, train: bool, inputs: bool = False) -> Dataset:
         data, options = self.config.data, self.options
-        check_question_lengths(self.tokenizer, examples["question"], examples["id"], max_length=data.max_seq_length, doc_stride=options.doc_stride)
+        where = self._input_where if inputs else split_where(data, data.train_split if train else data.eval_split)
+        check_question_lengths(self.tokenizer, examples["question"], examples["id"], max_length=data.max_seq_length,
+                               doc_stride=options.doc_stride, where=where)
         if train:
             examples = self._drop_or_fail_mismatches(examples)
         features = examples.map(
@@ -182,7 +186,7 @@ else:
                 "%d of %d answered training example(s) have an answer that no window of data.max_seq_length=%d tokens "
                 "(qa.doc_stride=%d) holds whole, so they train as 'no answer'; the first is example %d (id %r), "
                 "answer %r. Raise data.max_seq_length or qa.doc_stride if these are many",
-                len(lost), len(answered), self.config.data.max_seq_length, self.options.doc_stride, lost[0], first["id"],
+                len(lost), len(answered), self.config.data.max_seq_length, self.options.doc_stride, lost[0] + 1, first["id"],
                 first["answers"]["text"][0][:80],
             )
 
@@ -195,7 +199,7 @@ else:
         found = first["context"][max(start, 0) : max(start, 0) + len(text)]
         message = (
             f"{len(bad)} training example(s) have an answer text that does not match the context at answer_start; "
-            f"the first is example {bad[0]} (id {first['id']!r}): answer {text!r} at {start}, context there reads {found!r}"
+            f"the first is example {bad[0] + 1} (id {first['id']!r}): answer {text!r} at {start}, context there reads {found!r}"
         )
         if self.options.answer_mismatch == "error":
             raise DataError(message + ". Fix the data or set qa.answer_mismatch=skip to leave them out of training")

@@ -24,8 +24,10 @@ def question_first(tokenizer) -> bool:
     return tokenizer.padding_side == "right"
 
 
-def check_question_lengths(tokenizer, questions: Sequence[str], ids: Sequence[str], *, max_length: int, doc_stride: int) -> None:
-    """Every window must hold the question and more than ``doc_stride`` context tokens."""
+def check_question_lengths(tokenizer, questions: Sequence[str], ids: Sequence[str], *, max_length: int, doc_stride: int,
+                           where: str = "input") -> None:
+    """Every window must hold the question and more than ``doc_stride`` context tokens; ``where`` names the split and file
+    (or the --input) in the message."""
     if doc_stride >= max_length:
         raise DataError(f"qa.doc_stride ({doc_stride}) must be smaller than data.max_seq_length ({max_length})")
     specials = tokenizer.num_special_tokens_to_add(pair=True)
@@ -34,7 +36,7 @@ def check_question_lengths(tokenizer, questions: Sequence[str], ids: Sequence[st
         room = max_length - specials - length
         if room <= doc_stride:
             raise DataError(
-                f"example {index} (id {ids[index]!r}): the question has {length} tokens, so a window of "
+                f"{where}, example {index + 1} (id {ids[index]!r}): the question has {length} tokens, so a window of "
                 f"data.max_seq_length={max_length} leaves {max(room, 0)} context tokens, not more than qa.doc_stride={doc_stride}; "
                 f"shorten the question or raise data.max_seq_length / lower qa.doc_stride (question: {questions[index][:80]!r})"
             )

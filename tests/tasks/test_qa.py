@@ -155,7 +155,7 @@ def test_qa_reader_detects_jsonl_with_either_answer_layout(tmp_path):
         {"question": "q3", "context": "c three"},
     ])
     rows = read_squad_file(path)
-    assert [row["id"] for row in rows] == ["7", "1", "2"]
+    assert [row["id"] for row in rows] == ["7", "2", "3"]  # rows count from 1, as every message does
     assert rows[1]["answers"] == {"text": ["two"], "answer_start": [2]}
     assert rows[2]["answers"] == {"text": [], "answer_start": []}
 
@@ -548,7 +548,7 @@ def test_qa_answer_mismatch_fails_or_is_skipped_with_a_count(tmp_path, tiny_bert
         ("who is it ?", "the story was good", [{"text": "actors", "answer_start": 4}]),
     ]
     task, raw = build_task(tmp_path, tiny_bert, items)
-    with pytest.raises(DataError, match=r"2 training example\(s\).*example 1 \(id 'q1'\).*'plot' at 5.*'lot '"):
+    with pytest.raises(DataError, match=r"2 training example\(s\).*example 2 \(id 'q1'\).*'plot' at 5.*'lot '"):
         task.preprocess(raw["train"], train=True)
     task, raw = build_task(tmp_path, tiny_bert, items, answer_mismatch="skip")
     features = task.preprocess(raw["train"], train=True)
@@ -564,7 +564,7 @@ def test_qa_answers_that_no_window_holds_are_counted_in_a_warning(tmp_path, tiny
     task, raw = build_task(tmp_path, tiny_bert, items)
     features = task.preprocess(raw["train"], train=True)
     assert all(start == cls for start, cls, index in zip(features["start_positions"], features["cls_index"], features["example_index"]) if index == 0)
-    assert "1 of 2 answered training example(s)" in caplog.text and "example 0 (id 'q0')" in caplog.text
+    assert "1 of 2 answered training example(s)" in caplog.text and "example 1 (id 'q0')" in caplog.text
     caplog.clear()
     task, raw = build_task(tmp_path, tiny_bert, [short, short])
     task.preprocess(raw["train"], train=True)
@@ -574,27 +574,27 @@ def test_qa_answers_that_no_window_holds_are_counted_in_a_warning(tmp_path, tiny
 def test_qa_long_question_and_empty_context_name_the_example(tmp_path, tiny_bert):
     long_question = " ".join(WORDS * 2)
     task, raw = build_task(tmp_path, tiny_bert, [("who ?", "film", [{"text": "film", "answer_start": 0}]), (long_question, "the film", [{"text": "film", "answer_start": 4}])])
-    with pytest.raises(DataError, match=r"example 1 \(id 'q1'\): the question has \d+ tokens"):
+    with pytest.raises(DataError, match=r"split 'train' \(data.files.train: .*\), example 2 \(id 'q1'\): the question has \d+ tokens"):
         task.preprocess(raw["train"], train=True)
-    with pytest.raises(DataError, match=r"example 1 \(id 'q1'\): the context is empty"):
+    with pytest.raises(DataError, match=r"split 'train' \(data.files.train: .*\), example 2 \(id 'q1'\): the context is empty"):
         build_task(tmp_path, tiny_bert, [("who ?", "film", [{"text": "film", "answer_start": 0}]), ("who ?", "  ", [])])
 
 
 @pytest.mark.parametrize("question, context, message", [
-    ("", "the film", r"example 1 \(id 'q1'\): the question is blank"),
-    (" \t\u200b", "the film", r"example 1 \(id 'q1'\): the question is blank"),
-    ("who ?", "\u200b\ufeff\u200f", r"example 1 \(id 'q1'\): the context is empty"),
+    ("", "the film", r"example 2 \(id 'q1'\): the question is blank"),
+    (" \t\u200b", "the film", r"example 2 \(id 'q1'\): the question is blank"),
+    ("who ?", "\u200b\ufeff\u200f", r"example 2 \(id 'q1'\): the context is empty"),
 ])
 def test_qa_blank_question_or_invisible_context_names_the_example(tmp_path, tiny_bert, question, context, message):
     # Both were answered in silence: a blank question from the context alone; a context of zero-width
     # characters (it passes str.strip) with "" here, and with an invisible piece on byte-level BPE.
     good = ("who ?", "film", [{"text": "film", "answer_start": 0}])
-    with pytest.raises(DataError, match=rf"split 'train', {message}"):
+    with pytest.raises(DataError, match=rf"split 'train' \(data.files.train: .*\), {message}"):
         build_task(tmp_path, tiny_bert, [good, (question, context, [])], version_2_with_negative=True)
     task, _ = build_task(tmp_path, tiny_bert, [good])
     inputs = write_jsonl(tmp_path / "input.jsonl", [{"question": "who ?", "context": "the film"},
                                                      {"id": "q1", "question": question, "context": context}])
-    with pytest.raises(DataError, match=rf"split 'input', {message}"):
+    with pytest.raises(DataError, match=rf"--input {re.escape(str(inputs))}, {message}"):
         task.load_inputs(str(inputs))
 
 
