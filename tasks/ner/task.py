@@ -92,8 +92,15 @@ class NerTask(TaskBase):
     auto_model_class: ClassVar[type] = AutoModelForTokenClassification
     peft_task_type: ClassVar[str | None] = "TOKEN_CLS"
     onnx_outputs: ClassVar[tuple[str, ...]] = ("logits",)
-    card_pipeline_input: ClassVar[str | None] = '"Angela Merkel visited Paris in May."'
-    card_model_usage: ClassVar[str | None] = None
+    card_pipeline_input: ClassVar[str | None] = None
+    # transformers' pipeline alone gives one row per piece; its "first" strategy groups pieces into words by a
+    # per-tokenizer heuristic, close to predict's word-level entities but not always the same (docs/ner.md).
+    card_model_usage: ClassVar[str | None] = """from transformers import pipeline
+
+# Words tagged by their first piece, grouped into entities by transformers' heuristic. With bertpipe installed,
+# `import tasks; tasks.load_tasks()` first and no aggregation_strategy give exactly `bertpipe predict`'s entities.
+tagger = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="first")
+print(tagger("Angela Merkel visited Paris in May."))"""
     packable: ClassVar[bool] = True
     run_files: ClassVar[tuple[str, ...]] = ("eval_predictions.conll",)
 

@@ -163,3 +163,25 @@ def test_families_ner_pipeline_spans_have_no_surrounding_whitespace(ner_run):
             for group in groups:
                 span = text[group["start"] : group["end"]]
                 assert span and span == span.strip(), (family, strategy, text, group)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_families_ner_model_card_code_finds_entities_without_bertpipe(family, family_checkpoint, tmp_path):
+    """The card's code, run where bertpipe is not (a fresh interpreter, no tasks.load_tasks()), printed one row per
+    piece ('ĠA', 'g', 'l', a zero-width 'Ġ'): it now prints entities, each a span of the text."""
+    import subprocess
+    import sys
+
+    import numpy
+
+    from tests.families.matrix import card_code
+
+    run = train_ner(family, family_checkpoint(family), tmp_path, steps=40)
+    text = "Marguerite Anastasia visited Copenhagen today"
+    code = card_code(run).replace('"Angela Merkel visited Paris in May."', repr(text))
+    assert repr(text) in code and "load_tasks" in code
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    entities = eval(printed.strip().splitlines()[-1], {"np": numpy})  # scores print as np.float32(...)
+    assert entities and all("entity_group" in entity and "entity" not in entity for entity in entities), entities
+    for entity in entities:
+        assert text[entity["start"]:entity["end"]].strip() and " " not in text[entity["start"]:entity["end"]][:1], entity

@@ -43,7 +43,8 @@ def test_card_model_index_round_trips_the_final_metrics(tmp_path):
     assert {r.task_type for r in results} == {"token-classification"}
     assert loaded.data.base_model == "bert-base-cased" and loaded.data.datasets == ["eriktks/conll2003"]
     assert loaded.data.language == ["en", "de"] and loaded.data.license == "mit" and loaded.data.library_name == "transformers"
-    assert 'pipeline("token-classification", model="me/ner")' in loaded.text
+    assert 'AutoModelForTokenClassification.from_pretrained("me/ner")' in loaded.text
+    assert 'pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="first")' in loaded.text
 
 
 def test_card_adapter_card_names_the_base_and_loads_with_peft(tmp_path):
