@@ -124,7 +124,7 @@ def check_outside_data_folder(config: RunConfig, folder: Path, key: str = "outpu
     """``folder`` (a run's, a sweep's) is not inside the local ``data.path`` folder, which is read whole, subfolders
     too: the run's checkpoints changed the data's digest, so it could never resume ("contents changed"), and the
     ``eval_validation.json`` that ``evaluate`` wrote became rows of the validation split, which no load could cast."""
-    data_folder = run_inputs(config).get("data.path")
+    data_folder = None if config.data.files else run_inputs(config).get("data.path")  # data.files: data.path is not read
     if data_folder is not None and data_folder.is_dir() and _inside(folder.expanduser().resolve(), data_folder):
         raise OutputDirError(
             f"{key} {folder} lies inside data.path={config.data.path}, a folder read whole as the run's data: the run's "

@@ -127,7 +127,7 @@ def _check_output_dir(config: RunConfig, output_dir: Path) -> None:
 
     if output_dir.exists() and not output_dir.is_dir():
         raise SweepError(f"output_dir {output_dir} is a file; a sweep writes its trials and report into a folder. Choose another output_dir")
-    check_outside_data_folder(config, output_dir)  # its trials' runs would be
+    check_outside_data_folder(config, output_dir)  # its trials' runs would lie inside the data too
     if not output_dir.is_dir() or not any(output_dir.iterdir()) or _holds_a_sweep(output_dir):
         return
     what = "a bertpipe training run" if is_run_dir(output_dir) else "not empty and holds no sweep"

@@ -287,3 +287,5 @@ def test_outputs_output_dir_inside_the_data_folder_is_refused_before_anything_is
     assert sorted(item.name for item in data.iterdir()) == ["train.jsonl", "validation.jsonl"]
     beside = load_config(path, ["data.files={}", f"data.path={data}", f"output_dir={tmp_path / 'ds-run'}"], lambda name: get_task(name).Options)
     assert check_output_dir(beside) is False  # a sibling whose name starts the same is outside
+    unread = load_config(path, [f"data.path={data}", f"output_dir={data / 'run'}"], lambda name: get_task(name).Options)
+    assert check_output_dir(unread) is False  # data.files given: data.path is not read
