@@ -28,7 +28,7 @@ from pipelines.atomic_writes import replacing_folder, write_json, writing_atomic
 from pipelines.batching import eval_dataloader, exact_eval_batch_size
 from pipelines.checkpoint import CHECKPOINTS_DIR, SOURCES_FILE, STATE_FILE, source_digests
 from pipelines.config import RunConfig
-from pipelines.data import split_source, split_where
+from pipelines.data import load_raw, split_source, split_where
 from pipelines.errors import DataError, ModelError, OutputDirError, failures_named
 from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
@@ -176,31 +176,42 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
 
 
 def check_held_out_split_unchanged(config: RunConfig, run_dir: str) -> None:
-    """An eval split held out of the training file (``data.validation_fraction``) is carved again from that file:
-    the rows the run held out only with the file, the seed and the fraction it trained with. A train file reordered
-    or edited since was scored without a word, over rows the model had trained on."""
+    """An eval split held out of the training data (``data.validation_fraction``) is carved again from it: the rows
+    the run held out only with the data, the seed and the fraction it trained with. A train file (or a local
+    ``data.path`` folder) reordered or edited since was scored without a word, over rows the model had trained on."""
     data = config.data
-    if not (data.files and data.validation_fraction and data.eval_split not in data.files and data.train_split in data.files):
+    if not data.validation_fraction or (data.files and (data.eval_split in data.files or data.train_split not in data.files)):
         return
     recorded_file = Path(run_dir) / SOURCES_FILE
     if not recorded_file.is_file():
         return  # a run from before the run folder kept its sources' digests, or an export: nothing to compare
     with failures_named(OutputDirError, f"run directory {run_dir}: cannot read {recorded_file}"):
         recorded = json.loads(recorded_file.read_text(encoding="utf-8"))
-    where = f"split {data.eval_split!r} (held out of data.files.{data.train_split} by data.validation_fraction)"
+    key = f"data.files.{data.train_split}" if data.files else "data.path"
+    source = data.files[data.train_split] if data.files else data.path
+    if not data.files and key not in recorded:
+        return  # a Hub id (read through the mirror or the cache): no folder of the user's was digested
     saved = load_saved_config(run_dir)
-    for key, now, then in (("seed", config.seed, saved.get("seed")),
-                           ("data.validation_fraction", data.validation_fraction, saved.get("data", {}).get("validation_fraction"))):
-        if now != then:
-            raise DataError(f"{where}: {key}={now}, but the run held its rows out with {key}={then}; other rows would be "
-                            "scored, some of them trained on. Leave it as the run had it")
-    key = f"data.files.{data.train_split}"
-    if source_digests({"data": {"files": {data.train_split: data.files[data.train_split]}}}).get(key) != recorded.get(key):
-        raise DataError(
-            f"{where}: {split_source(data, data.train_split)} is not the file the run was trained on "
-            "(its rows or their order changed since), so the rows held out now are not the ones the run held out, and some "
-            f"were trained on. Evaluate on a file of its own (data.files.{data.eval_split}=FILE)"
-        )
+    changed = [(name, now, then) for name, now, then in (
+        ("seed", config.seed, saved.get("seed")),
+        ("data.validation_fraction", data.validation_fraction, saved.get("data", {}).get("validation_fraction")),
+    ) if now != then]
+    data_changed = source_digests({"data": {"files": {data.train_split: source}} if data.files else {"path": source}}).get(key) != recorded.get(key)
+    if not changed and not data_changed:
+        return
+    if not data.files and data.eval_split in load_raw(data):  # read as the task reads it, only now that it matters
+        return  # the folder has an eval split of its own: nothing was held out
+    where = f"split {data.eval_split!r} (held out of {key} by data.validation_fraction)"
+    if changed:
+        name, now, then = changed[0]
+        raise DataError(f"{where}: {name}={now}, but the run held its rows out with {name}={then}; other rows would be "
+                        "scored, some of them trained on. Leave it as the run had it")
+    raise DataError(
+        f"{where}: {split_source(data, data.train_split)} is not the {'file' if data.files else 'data'} the run was "
+        "trained on (its rows or their order changed since), so the rows "
+        f"held out now are not the ones the run held out, and some were trained on. Evaluate on a file of its own "
+        f"(data.files.{data.eval_split}=FILE)"
+    )
 
 
 def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, output_path: str, *, precision: str = "fp32") -> int:

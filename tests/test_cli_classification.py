@@ -230,6 +230,29 @@ def test_cli_evaluate_of_a_held_out_split_refuses_a_train_file_changed_since_tra
     assert json.loads((run / "eval_validation.json").read_text())["eval_samples"] == 37
 
 
+def test_cli_evaluate_of_a_split_held_out_of_a_data_folder_refuses_a_folder_changed_since_training(tiny_bert, sentiment_files, tmp_path):
+    """The same for a local data.path folder without an eval split of its own (it was not compared at all); a folder
+    that has one held nothing out, and its files may change."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    shutil.copy(sentiment_files["train"], folder / "train.jsonl")
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=None, mixed_precision="no")
+    run_cli("train", str(config), "data.files={}", f"data.path={folder}", "data.validation_fraction=0.25")
+    run = tmp_path / "run"
+    run_cli("evaluate", str(run))
+    lines = (folder / "train.jsonl").read_text().splitlines(keepends=True)
+    (folder / "train.jsonl").write_text("".join(reversed(lines)))
+    refused = run_cli("evaluate", str(run), check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert (f"split 'validation' (held out of data.path by data.validation_fraction): data.path={folder} is not the data "
+            "the run was trained on") in refused.stderr
+    refused = run_cli("evaluate", str(run), "seed=8", check=False)
+    assert refused.returncode == 2 and "seed=8, but the run held its rows out with seed=7" in refused.stderr, refused.stderr[-3000:]
+    shutil.copy(sentiment_files["validation"], folder / "validation.jsonl")  # an eval split of its own now
+    run_cli("evaluate", str(run))
+    assert json.loads((run / "eval_validation.json").read_text())["eval_samples"] == 37
+
+
 def test_cli_overwrite_of_an_output_dir_that_is_a_symbolic_link_replaces_the_folder_it_points_to(tiny_bert, sentiment_files, tmp_path):
     """The link itself was set aside as the old run, a real folder took its place, and the old run (the link's target)
     was never deleted: rmtree of a link fails, silently at the end of the run and with an OSError at the next overwrite."""
