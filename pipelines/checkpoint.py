@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import re
 import shutil
@@ -18,6 +20,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import load as accelerate_load
@@ -26,6 +29,9 @@ from accelerate.utils.constants import RNG_STATE_NAME
 from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import absolute_if_local, is_model_option
 from pipelines.errors import UserError, describe
+from pipelines.optim import StepPlan
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -37,7 +43,8 @@ whose paths differ only because the data or model moved (another mount point, a 
 compares contents instead of paths."""
 
 # Keys a resume may change: they decide what is logged, saved or reported and how fast, never what
-# is computed. Every other key (model, data, seed, batch size, accumulation, learning rate,
+# is computed (the thread count and compiling do change the order of float sums: rounding, which a resume on
+# another thread count names). Every other key (model, data, seed, batch size, accumulation, learning rate,
 # schedule, warmup, length, precision, grouping, best-model settings, task settings) must match the
 # checkpoint's, or the resumed run would continue a trajectory other than the one it records.
 RESUME_MAY_CHANGE = (
@@ -84,6 +91,8 @@ class TrainerState:
     machine, so the config's value alone cannot tell a resume on other hardware (None: from before it was recorded)."""
     train_data: str | None = None
     """Digest of the training features (pipelines.data.features_digest; None: from before it was recorded)."""
+    torch_threads: int | None = None
+    """Intra-op threads per process up to here: another count sums floats in another order (None: not recorded)."""
     stopped_early: bool = False
     """Early stopping (or the caller's ``on_evaluate``) ended training at this step; a resume from here
     goes straight to the final evaluation instead of training on."""
@@ -91,7 +100,16 @@ class TrainerState:
 
     @classmethod
     def read(cls, folder: Path) -> "TrainerState":
-        return cls(**json.loads((folder / STATE_FILE).read_text(encoding="utf-8")))
+        saved = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        # Every checkpoint has written these: one missing was filled with its default (a step count of 0, an empty
+        # log), and the run resumed from a position or with totals it never had, without a word.
+        missing = [key for key in _ALWAYS_SAVED if key not in saved]
+        if missing:
+            raise ValueError(f"it lacks {', '.join(missing)}")
+        return cls(**saved)
+
+
+_ALWAYS_SAVED = ("global_step", "epoch", "batches_in_epoch", "train_loss_sum", "train_loss_count", "log_history")
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -147,6 +165,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     state.num_processes = accelerator.num_processes
     state.mixed_precision = accelerator.mixed_precision
+    state.torch_threads = torch.get_num_threads()
     try:
         accelerator.save_state(str(partial), safe_serialization=True)
         accelerator.wait_for_everyone()
@@ -362,15 +381,17 @@ def _recorded_precision(folder: Path) -> str | None:
     return recorded if isinstance(recorded, str) else None
 
 
-def load_checkpoint(accelerator: Accelerator, folder: Path, *, train_data: str | None = None) -> TrainerState:
+def load_checkpoint(accelerator: Accelerator, folder: Path, *, train_data: str | None = None, plan: StepPlan | None = None) -> TrainerState:
     """Restore model, optimizer, scheduler, RNG and sampler state; returns the loop's counters.
 
     ``train_data`` is the digest of the training features this run has; a checkpoint trained on others is refused.
+    ``plan`` (this run's steps) must place the checkpoint's step where its epoch and batch say it is.
     """
     try:
         state = TrainerState.read(folder)
     except Exception as error:
         raise CheckpointError(f"checkpoint {folder} cannot be loaded: {folder / STATE_FILE}: {describe(error)}") from error
+    _check_position(folder, state, plan)
     if state.train_data is not None and train_data is not None and state.train_data != train_data:
         # The config names the same files, so check_resume_config saw no change; their rows did change.
         raise CheckpointError(
@@ -380,6 +401,12 @@ def load_checkpoint(accelerator: Accelerator, folder: Path, *, train_data: str |
             "(another output_dir, or overwrite=true)."
         )
     state.train_data = train_data
+    if state.torch_threads is not None and state.torch_threads != torch.get_num_threads():
+        # A speed setting that may change on a resume (another machine), but not one that keeps every bit.
+        logger.warning(
+            "checkpoint %s trained on %d thread(s) per process, this run has %d (train.torch_num_threads, or the cores): "
+            "floats are summed in another order, so the run ends where the uninterrupted one would up to rounding, not "
+            "bit for bit", folder, state.torch_threads, torch.get_num_threads())
     _check_process_count(folder, state, accelerator.num_processes)
     _check_random_states(folder, accelerator.process_index)
     try:
@@ -389,6 +416,23 @@ def load_checkpoint(accelerator: Accelerator, folder: Path, *, train_data: str |
         named = f" ({', '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} truncated or not a torch file)" if damaged else ""
         raise CheckpointError(f"checkpoint {folder} cannot be loaded{named}: {type(error).__name__}: {error}") from error
     return state
+
+
+def _check_position(folder: Path, state: TrainerState, plan: StepPlan | None) -> None:
+    """The step the folder is named for, the state's step, and its epoch and batch under this run's plan agree: an
+    edited or mismatched trainer_state.json resumed elsewhere than it said (a run 3 steps short of its plan, exit 0)."""
+    named = _NAME.match(folder.name)
+    problem = None
+    if named is not None and int(named.group(1)) != state.global_step:
+        problem = f"global_step {state.global_step} in a folder named for step {int(named.group(1))}"
+    elif plan is not None:
+        placed = state.epoch * plan.updates_per_epoch + math.ceil(state.batches_in_epoch / plan.accumulation_steps)
+        if state.batches_in_epoch > plan.batches_per_epoch or placed != state.global_step:
+            problem = (f"epoch {state.epoch}, batch {state.batches_in_epoch} is update {placed} of this run's plan "
+                       f"({plan.batches_per_epoch} batches an epoch), not its global_step {state.global_step}")
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {folder} cannot be resumed: {folder / STATE_FILE} holds {problem}; it was edited "
+                              "or comes from another run. Resume an earlier checkpoint, or start a new run")
 
 
 def _check_process_count(folder: Path, state: TrainerState, num_processes: int) -> None:

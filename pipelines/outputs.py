@@ -194,7 +194,7 @@ def _check_run_dir_use(config: RunConfig, run_dir: Path) -> None:
     if (run_dir / METRICS_FILE).exists():
         raise OutputDirError(
             f"{config.output_dir} already holds a finished run ({METRICS_FILE} exists). Choose another output_dir, "
-            "set overwrite=true to replace it, or train.resume_from_checkpoint=latest to continue it."
+            "or set overwrite=true to replace it."
         )
     # Imported here: it loads torch and accelerate, which the CLI's start does without.
     from pipelines.checkpoint import complete_checkpoints

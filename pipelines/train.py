@@ -16,6 +16,7 @@ checkpoint on schedule -> final evaluation -> save.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import shutil
@@ -100,6 +101,13 @@ def train(
     # Resolved once: a resume compares it with the precision its checkpoint trained in.
     mixed_precision = resolve_mixed_precision(config.train.mixed_precision)
     replace_old_run, resume_folder = _check_run_settings(config, task, mixed_precision)
+    finished = Path(config.output_dir) / outputs.METRICS_FILE
+    if resume_folder is not None and finished.is_file():
+        # A resume of a finished run ends where it ended, after rewriting its config and log and adding a checkpoint:
+        # interrupted, it left a "finished" run whose files had changed. A requeued job resumes whatever it finds, so
+        # this is no error: the run's own metrics, nothing written.
+        logger.warning("%s holds a finished run (%s): nothing to resume", config.output_dir, outputs.METRICS_FILE)
+        return json.loads(finished.read_text(encoding="utf-8"))
     accelerator = build_accelerator(config, mixed_precision=mixed_precision)
     try:
         summary = _run(accelerator, config, task, replace_old_run=replace_old_run, resume_folder=resume_folder,
@@ -162,7 +170,7 @@ def _run(
     train_data = features_digest(train_features)
     state = TrainerState(train_data=train_data)
     if resume_folder is not None:
-        state = load_checkpoint(accelerator, resume_folder, train_data=train_data)
+        state = load_checkpoint(accelerator, resume_folder, train_data=train_data, plan=plan)
         accelerator.print(
             f"resumed from {resume_folder} at step {state.global_step} (epoch {state.epoch}, batch {state.batches_in_epoch})"
         )
@@ -338,7 +346,7 @@ def _check_run_settings(config: RunConfig, task: Task, mixed_precision: str) -> 
     if config.train.resume_from_checkpoint:
         resume_folder = find_checkpoint(config.train.resume_from_checkpoint, Path(config.output_dir))
         check_resume_config(resume_folder, config.to_yaml_dict(), mixed_precision=mixed_precision)
-        if config.train.load_best_model_at_end:
+        if config.train.load_best_model_at_end and not (Path(config.output_dir) / outputs.METRICS_FILE).is_file():
             _check_best_model_kept(resume_folder, Path(config.output_dir) / BEST_MODEL_DIR)
     return replace_old_run, resume_folder
 

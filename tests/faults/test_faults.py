@@ -282,6 +282,7 @@ def test_faults_resume_without_or_from_a_corrupt_checkpoint(refused, finished_ru
     refused("train", finished_run[0], new_dir(tmp_path), "train.resume_from_checkpoint=latest", needles=["no complete checkpoint"])
     checkpoint = run_copy / "checkpoints" / "step-00000004"
     (checkpoint / "model.safetensors").write_bytes(b"truncated")
+    (run_copy / "metrics.json").unlink()  # unfinished: a finished run has nothing to resume
     refused("train", finished_run[0], f"output_dir={run_copy}", f"train.resume_from_checkpoint={checkpoint}",
             needles=[str(checkpoint), "cannot be loaded"])
 
