@@ -83,6 +83,9 @@ _BERT_FIELDS = (
     "label2id",
     "problem_type",
     "tie_word_embeddings",
+    # How the run's pipeline() answers (NER's word aggregation and windows, QA's stride and no-answer rule): without
+    # them pipeline() on a converted run tagged pieces and answered unanswerable questions, unlike predict.
+    "task_specific_params",
 )
 _POOLER = re.compile(r"^(bert\.)?pooler\.")
 _WEIGHT_FILES = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")

@@ -81,6 +81,19 @@ def test_convert_tiny_heads_both_ways_give_identical_outputs(
         assert torch.equal(tensor, original[name]), name
 
 
+def test_convert_keeps_the_settings_a_runs_pipeline_reads_both_ways(tmp_path, tiny_tokenizer_dir):
+    # Dropped, pipeline() on a converted QA run answered an unanswerable question and on an NER run tagged pieces.
+    settings = {"question-answering": {"doc_stride": 12, "handle_impossible_answer": True, "max_seq_len": 40}}
+    config = tiny_hf_config(2)
+    config.task_specific_params = settings
+    BertForQuestionAnswering(config).save_pretrained(tmp_path / "hf")
+    AutoTokenizer.from_pretrained(tiny_tokenizer_dir).save_pretrained(tmp_path / "hf")
+    convert_bert(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    convert_bert(str(tmp_path / "ours"), str(tmp_path / "back"), reverse=True)
+    for folder in ("ours", "back"):
+        assert json.loads((tmp_path / folder / "config.json").read_text())["task_specific_params"] == settings, folder
+
+
 def test_convert_reverse_refuses_non_bert_architectures(tmp_path, make_bert_config):
     BertpipeModel(make_bert_config(attention_score="additive")).save_pretrained(tmp_path / "ours")
     with pytest.raises(ValueError, match="attention_score"):
