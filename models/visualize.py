@@ -22,7 +22,12 @@ def _load(model_dir: str):
 
     import models  # registers bertpipe_* with the Auto classes
 
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    folder = Path(model_dir)
+    if (folder / "export.json").is_file() or (folder / "adapter_config.json").is_file():
+        kind = "an ONNX export (no attention weights come out of it)" if (folder / "export.json").is_file() else \
+            "a peft adapter run: fold it into a full model first, `bertpipe merge RUN_DIR`, and draw RUN_DIR/merged"
+        raise ValueError(f"{model_dir} is {kind}")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     load_kwargs = {} if config.get("model_type", "").startswith("bertpipe_") else {"attn_implementation": "eager"}
     # The saved class (head included) loads without missing/unexpected weights; heads return attentions too.
     architecture = (config.get("architectures") or [""])[0]
@@ -35,10 +40,16 @@ def _load(model_dir: str):
 @torch.no_grad()
 def sentence_attentions(model, tokenizer, sentence: str) -> tuple[list[str], list[torch.Tensor]]:
     """Tokens of ``sentence`` and per-layer attention weights, each (heads, seq, seq)."""
+    from pipelines.graphemes import is_blank
+    from pipelines.modeling import usable_positions
+
+    if is_blank(sentence):
+        raise ValueError("the sentence is empty: give the text whose attention to draw")
     encoded = tokenizer(sentence, return_tensors="pt", verbose=False)  # a sentence too long is refused below
-    positions = getattr(model.config, "max_position_embeddings", None)
+    # Positions a token can take: RoBERTa-style models skip two; XLNet's -1 (and T5's none) is no limit.
+    positions = usable_positions(model.config)
     if positions is not None and encoded["input_ids"].shape[1] > positions:
-        raise ValueError(f"the sentence is {encoded['input_ids'].shape[1]} tokens, past the model's max_position_embeddings={positions}")
+        raise ValueError(f"the sentence is {encoded['input_ids'].shape[1]} tokens, past the {positions} positions of the model")
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
     if getattr(model.config, "is_encoder_decoder", False):
         outputs = model.get_encoder()(
@@ -48,7 +59,13 @@ def sentence_attentions(model, tokenizer, sentence: str) -> tuple[list[str], lis
         outputs = model(**encoded, output_attentions=True)
     if not outputs.attentions or outputs.attentions[0] is None:
         raise RuntimeError(f"{type(model).__name__} returned no attention weights")
-    return tokens, [layer[0].float().cpu() for layer in outputs.attentions]
+    layers = [layer[0].float().cpu() for layer in outputs.attentions]
+    if any(layer.shape[-2:] != (len(tokens), len(tokens)) for layer in layers):
+        # Longformer returns each token's weights over its local window (heads, seq, 2w + 1): drawn as token to token,
+        # the columns were window offsets under token labels.
+        raise RuntimeError(f"{type(model).__name__} returned attention of shape {tuple(layers[0].shape)}, not token to token "
+                           f"({len(tokens)} x {len(tokens)}): there is no heatmap of it to draw")
+    return tokens, layers
 
 
 def draw_layer(weights: torch.Tensor, tokens: list[str], title: str, path: Path) -> Path:

@@ -64,3 +64,32 @@ def test_visualize_encoder_decoder_draws_encoder_self_attention(tmp_path, tiny_t
     tokenizer.save_pretrained(run)
     paths = attention_heatmaps(str(run), SENTENCE, str(tmp_path / "out"))
     assert len(paths) == 2 and all(_is_png(p) for p in paths)
+
+
+def test_visualize_refuses_what_it_cannot_draw_and_draws_a_model_without_a_position_limit(tmp_path, make_bert_config, tiny_tokenizer_dir):
+    """A blank sentence drew [CLS] [SEP] (exit 0); Longformer's local-window weights were drawn as token-to-token
+    heatmaps under token labels (or failed in matplotlib); XLNet (max_position_embeddings=-1) was refused as too long;
+    an adapter run or an export failed in transformers' loader."""
+    import pytest
+
+    from tests.families.builders import build_family
+
+    run = tmp_path / "run"
+    BertpipeForSequenceClassification(make_bert_config(num_hidden_layers=1)).save_pretrained(run)
+    AutoTokenizer.from_pretrained(tiny_tokenizer_dir).save_pretrained(run)
+    for blank in ("", " \u200b "):
+        with pytest.raises(ValueError, match="the sentence is empty"):
+            attention_heatmaps(str(run), blank, str(tmp_path / "blank"))
+    for marker, message in (("adapter_config.json", r"peft adapter run: .*bertpipe merge"), ("export.json", "an ONNX export")):
+        folder = tmp_path / marker.split(".")[0]
+        folder.mkdir()
+        (folder / marker).write_text("{}")
+        with pytest.raises(ValueError, match=message):
+            attention_heatmaps(str(folder), SENTENCE, str(tmp_path / "x"))
+    longformer = build_family("longformer", tmp_path / "longformer")
+    with pytest.raises(RuntimeError, match=r"not token to token"):
+        attention_heatmaps(str(longformer), "Marguerite visited Copenhagen today with Roberto", str(tmp_path / "local"))
+    assert not (tmp_path / "local").exists() and not (tmp_path / "blank").exists()
+    xlnet = build_family("xlnet", tmp_path / "xlnet")
+    tokens, attentions = sentence_attentions(*_load(str(xlnet)), "Marguerite visited Copenhagen")
+    assert attentions[0].shape[-2:] == (len(tokens), len(tokens))
