@@ -49,7 +49,8 @@ def sentence_attentions(model, tokenizer, sentence: str) -> tuple[list[str], lis
     # Positions a token can take: RoBERTa-style models skip two; XLNet's -1 (and T5's none) is no limit.
     positions = usable_positions(model.config)
     if positions is not None and encoded["input_ids"].shape[1] > positions:
-        raise ValueError(f"the sentence is {encoded['input_ids'].shape[1]} tokens, past the {positions} positions of the model")
+        raise ValueError(f"the sentence is {encoded['input_ids'].shape[1]} tokens, past the model's {positions} usable positions "
+                         f"(max_position_embeddings={model.config.max_position_embeddings})")
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
     if getattr(model.config, "is_encoder_decoder", False):
         outputs = model.get_encoder()(

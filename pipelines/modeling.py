@@ -225,6 +225,24 @@ def usable_positions(config: PretrainedConfig | None) -> int | None:
     return positions - offset
 
 
+def check_vocabulary(model, tokenizer, model_config: ModelConfig) -> None:
+    """The model's embedding has a row for every id the tokenizer gives, and a model built here pads as the tokenizer
+    does: a short table ended the first batch in an IndexError traceback, and a from-scratch model padding with
+    another id (BERT's 0, a RoBERTa tokenizer's <s>) kept that token's embedding at zero, untrained, without a word."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    from_scratch = model_config.name_or_path is None
+    if rows is not None and tokenizer is not None and len(tokenizer) > rows:
+        key = "model.architecture.vocab_size" if from_scratch else "model.tokenizer_name_or_path"
+        raise ConfigError(f"{key}: the tokenizer gives {len(tokenizer)} token ids, the model's embedding has {rows} rows; "
+                          f"{'give it vocab_size: ' + str(len(tokenizer)) if from_scratch else 'use the tokenizer the model was trained with'}")
+    pad = getattr(model.config, "pad_token_id", None)
+    wanted = getattr(tokenizer, "pad_token_id", None)
+    if from_scratch and pad is not None and wanted is not None and pad != wanted:
+        raise ConfigError(f"model.architecture.pad_token_id: a model built here pads with id {pad}, the tokenizer with id "
+                          f"{wanted}; give it pad_token_id: {wanted}")
+
+
 def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) -> None:
     """Refuse features longer than the model's learned positions, before any forward pass.
 

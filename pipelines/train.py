@@ -46,7 +46,7 @@ from pipelines.data import PreparedData, features_digest, prepare_data, split_so
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
-from pipelines.modeling import check_sequence_lengths, count_parameters
+from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
@@ -371,6 +371,7 @@ def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.
     wrapper when ``distill`` is), checked against both splits' sequence lengths."""
     model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type,
                        base_model_name_or_path=base_model_id(config.model), base_model_revision=config.model.revision)
+    check_vocabulary(model, data.tokenizer, config.model)
     for split, features in ((config.data.train_split, data.train_features), (config.data.eval_split, data.eval_features)):
         check_sequence_lengths(model.config, features, where=split_where(config.data, split))
     if config.distill is not None:

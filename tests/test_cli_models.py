@@ -161,3 +161,25 @@ def test_cli_convert_bert_leaves_no_half_destination_and_no_copy_of_it_inside_th
     assert main(["convert-bert", str(source), str(source / "ours")]) == 0
     assert (source / "ours" / "model.safetensors").is_file() and (source / "ours" / "tokenizer_config.json").is_file()
     assert not (source / "ours" / "ours").exists() and not list(source.glob(".ours*"))
+
+
+def test_cli_a_model_built_here_is_refused_when_its_vocabulary_or_padding_is_not_the_tokenizers(tmp_path, tiny_bert, sentiment_files):
+    """From scratch for classification (MLM sized itself already): a vocab_size below the tokenizer's ended the first batch
+    in an IndexError traceback (exit 1); a pad id other than the tokenizer's left that token's row at zero, untrained."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=2, eval_steps=None, mixed_precision="no")
+    scratch = ["model.name_or_path=null", f"model.tokenizer_name_or_path={tiny_bert}"]
+    shape = "hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 32"
+    for architecture, message in (
+        (f"{{vocab_size: 20, {shape}}}", f"model.architecture.vocab_size: the tokenizer gives {len(tokenizer)} token ids, the "
+                                         f"model's embedding has 20 rows; give it vocab_size: {len(tokenizer)}"),
+        (f"{{vocab_size: {len(tokenizer)}, pad_token_id: 3, {shape}}}",
+         f"model.architecture.pad_token_id: a model built here pads with id 3, the tokenizer with id {tokenizer.pad_token_id}"),
+    ):
+        result = run_cli("train", str(config), *scratch, f"model.architecture={architecture}", check=False)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert message in result.stderr, result.stderr[-2000:]
+        assert not (tmp_path / "run").exists()
+    run_cli("train", str(config), *scratch, f"model.architecture={{vocab_size: {len(tokenizer)}, {shape}}}")
