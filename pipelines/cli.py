@@ -422,7 +422,8 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         with stopping_at_once() if args.command in _STOPPED_WHERE_THEY_ARE else contextlib.nullcontext():
             return run(args, get_task)
     except StopNow as stop:
-        _wait_for_first_process()
+        if _is_a_machines_other_process():
+            return 128 + int(stop.signal)
         print(f"bertpipe {args.command}: stopped by {stop.signal.name}; nothing half-written is left, and files that were "
               f"there are unchanged{_RUN_AGAIN}", file=sys.stderr)
         return 128 + int(stop.signal)
@@ -434,7 +435,8 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
     except RunStopped as stopped:
         # The scheduler's notice (SIGTERM, SIGUSR1) was honoured: a checkpoint, one line, and the status a
         # shell gives a command ended by that signal, so a job script can tell it from a failure and requeue.
-        _wait_for_first_process()
+        if _is_a_machines_other_process():
+            return stopped.exit_status
         print(f"bertpipe {args.command}: {stopped}{_WAY_ON_AFTER_A_STOP.get(args.command, _RUN_AGAIN)}", file=sys.stderr)
         return stopped.exit_status
     except Exception as error:
@@ -459,7 +461,8 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         where = f" ({error.filename})" if error.filename else ""
         return _report(args.command, f"{error.strerror or error}{where}{_disk_full_hint(args.command, error)}", debug)
     # Printed once the interrupted frames are gone, so their progress bars have drawn their last line above it.
-    _wait_for_first_process()
+    if _is_a_machines_other_process():
+        return INTERRUPTED_STATUS
     resume = "; continue from the last complete checkpoint (one per train.save_steps) with train.resume_from_checkpoint=latest"
     print(f"bertpipe {args.command}: interrupted{resume if args.command in ('train', 'distill') else ''}", file=sys.stderr)
     return INTERRUPTED_STATUS
@@ -491,13 +494,21 @@ def _another_process_ended(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistError) or any(sign in str(error) for sign in _PEER_ENDED)
 
 
+def _is_a_machines_other_process() -> bool:
+    """A launched process other than its machine's first. A stop by a signal (agreed at one step, or Ctrl-C to the
+    process group) ends every process alike, and the first one says so: the others stay silent. Waiting for the
+    launcher to end them, as for errors, was not enough: on a signal of its own the launcher waits out its grace
+    period, and every process printed the same line."""
+    return int(os.environ.get("LOCAL_RANK") or 0) > 0
+
+
 def _wait_for_first_process() -> None:
     """Under ``accelerate launch`` every process of a machine runs the same command on the same files, so
     a bad input (or Ctrl-C) stops all of them at once, and each would print the same message. The
     machine's first process reports at once; the others wait, and the launcher, which stops every process
     as soon as one has failed, ends them before they speak. One whose error is its own alone still
     reports, a few seconds late."""
-    if int(os.environ.get("LOCAL_RANK") or 0) > 0:
+    if _is_a_machines_other_process():
         time.sleep(OTHER_PROCESS_REPORT_DELAY_S)
 
 

@@ -515,3 +515,26 @@ def test_cli_two_processes_train_what_one_process_trains_on_their_joint_batches(
     weights_one, weights_two = (load_file(tmp_path / name / "model.safetensors") for name in ("one", "two"))
     for key, tensor in weights_one.items():
         torch.testing.assert_close(weights_two[key], tensor, atol=1e-4, rtol=0, msg=key)
+
+
+# scripts/train.py, rank 1 sending SIGTERM to the launcher (its parent) as STOP_AT_STEP ends: the launcher passes it on
+# to every process and waits out its grace period.
+SIGNAL_TO_LAUNCHER_SCRIPT = SIGNALLED_TRAIN_SCRIPT.replace("os.kill(os.getpid(), signal.SIGTERM)", "os.kill(os.getppid(), signal.SIGTERM)")
+
+
+def test_cli_two_process_run_stopped_through_the_launcher_says_so_once(tmp_path, tiny_bert, sentiment_files):
+    # Each process printed the stop line: rank 1's came 5 s after rank 0's, since the launcher, stopping on a signal of
+    # its own, did not end it first as it does after an error.
+    assert "os.getppid()" in SIGNAL_TO_LAUNCHER_SCRIPT
+    script = tmp_path / "train_launcher_signalled.py"
+    script.write_text(SIGNAL_TO_LAUNCHER_SCRIPT)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="stopped", num_epochs=2, eval_steps=None,
+                                   mixed_precision="no", torch_num_threads=1)
+    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
+                     "--main_process_port", str(free_port()), STOP_AT_STEP="3")
+    stderr = ended(process)
+    assert process.returncode != 0
+    assert stderr.count("bertpipe train: stopped by SIGTERM at step") == 1, stderr[-4000:]
+    # The launcher's signal reaches the processes a step or so after it was sent: the checkpoint named is the one written.
+    step = int(re.search(r"stopped by SIGTERM at step (\d+) of", stderr).group(1))
+    assert [path.name for path in (tmp_path / "stopped" / "checkpoints").iterdir()] == [f"step-{step:08d}"]
