@@ -108,6 +108,8 @@ def train(
         # this is no error: the run's own metrics, nothing written.
         logger.warning("%s holds a finished run (%s): nothing to resume", config.output_dir, outputs.METRICS_FILE)
         return json.loads(finished.read_text(encoding="utf-8"))
+    if resume_folder is not None and config.train.load_best_model_at_end:
+        _check_best_model_kept(resume_folder, Path(config.output_dir) / BEST_MODEL_DIR)
     accelerator = build_accelerator(config, mixed_precision=mixed_precision)
     try:
         summary = _run(accelerator, config, task, replace_old_run=replace_old_run, resume_folder=resume_folder,
@@ -346,8 +348,6 @@ def _check_run_settings(config: RunConfig, task: Task, mixed_precision: str) -> 
     if config.train.resume_from_checkpoint:
         resume_folder = find_checkpoint(config.train.resume_from_checkpoint, Path(config.output_dir))
         check_resume_config(resume_folder, config.to_yaml_dict(), mixed_precision=mixed_precision)
-        if config.train.load_best_model_at_end and not (Path(config.output_dir) / outputs.METRICS_FILE).is_file():
-            _check_best_model_kept(resume_folder, Path(config.output_dir) / BEST_MODEL_DIR)
     return replace_old_run, resume_folder
 
 

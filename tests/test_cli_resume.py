@@ -225,6 +225,16 @@ def test_cli_resume_of_a_finished_run_changes_nothing_and_returns_its_metrics(tm
         assert train_in_process(config, f"train.resume_from_checkpoint={resumed}", monkeypatch=monkeypatch) == metrics
     assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
 
+    # Unfinished (its metrics.json gone), the same folder resumes its last checkpoint, whose best model was removed when
+    # the run reloaded it: it would end with the last step's weights under the best step's name. Refused first.
+    from pipelines.checkpoint import CheckpointError
+
+    (run_dir / "metrics.json").unlink()
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    with pytest.raises(CheckpointError, match=r"best_model.*no longer exists"):
+        train_in_process(config, "train.resume_from_checkpoint=latest", monkeypatch=monkeypatch)
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
 
 def test_cli_resume_of_masked_lm_pretraining_draws_the_masks_it_would_have(tmp_path, monkeypatch):
     """Masks are drawn per batch at training time; a resume skips the batches before its checkpoint without
