@@ -44,6 +44,7 @@ from pipelines.checkpoint import (
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source, split_where
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
+from pipelines.dropout import draw_cheap_dropout_masks
 from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters
@@ -145,6 +146,9 @@ def _run(
         data = prepare_data(task, config)
     train_features, eval_features = data.train_features, data.eval_features
     model = _build_model(config, task, data)
+    if accelerator.device.type == "cpu":
+        # torch's CPU dropout draws a double per mask element, serially (pipelines/dropout.py).
+        draw_cheap_dropout_masks(model)
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,

@@ -75,3 +75,24 @@ def test_train_best_model_is_never_a_nan_evaluation(tmp_path):
         state.global_step = step
         best.update({"eval_pearson": value}, state, save=lambda folder: saved.append(state.global_step))
     assert (state.best_metric, state.best_step, saved) == (0.2, 2, [2])
+
+
+def test_train_on_the_cpu_draws_every_hidden_dropout_mask_with_cheap_masks(tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    """The swap happens in the loop (pipelines/dropout.py): each training forward of the tiny BERT draws
+    one mask per nn.Dropout it runs (embeddings, 2 per layer, classifier), and evaluation draws none."""
+    from transformers import AutoConfig
+
+    from pipelines import dropout
+    from pipelines.cli import load_run_config
+    from pipelines.train import train
+    from tests.conftest import classification_config
+
+    drawn = []
+    original = dropout.keep_mask
+    monkeypatch.setattr(dropout, "keep_mask", lambda like, p: drawn.append(tuple(like.shape)) or original(like, p))
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=2,
+                                                                 mixed_precision="no")), [])
+    metrics = train(config, get_task(config.task)(config))
+    per_forward = 1 + 2 * AutoConfig.from_pretrained(tiny_bert).num_hidden_layers + 1
+    assert metrics["global_step"] == 3
+    assert len(drawn) == 3 * per_forward, drawn
