@@ -5,7 +5,8 @@ In:  ``bertpipe train CONFIG [KEY=VALUE ...]``, ``bertpipe evaluate RUN_DIR [--p
      ``bertpipe merge RUN_DIR [--out DIR]`` (adapter -> full model),
      ``bertpipe publish RUN_DIR --repo-id OWNER/NAME [--private|--public] [--revision BRANCH]
      [--commit-message MSG] [--merged] [--dry-run --out DIR]``,
-     ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...]``,
+     ``bertpipe benchmark CONFIG [KEY=VALUE ...] [--seeds N] [--settings ...] [--output-dir DIR [--overwrite]]
+     [--to-accuracy | --predict INPUT]``,
      ``bertpipe sweep CONFIG --trials N [--space SPACE.yaml] [--study NAME] [--storage URL] [--workers K]
      [--timeout S] [--pruner none|median|hyperband] [KEY=VALUE ...]``,
      ``bertpipe export RUN_DIR --out DIR [--quantize int8] [--opset N]`` (ONNX; ``predict``/``evaluate``
@@ -18,7 +19,8 @@ Out: the run directory / metrics / predictions; exit status 0, or 2 with a one-p
      SIGTERM/SIGUSR1 during training: a checkpoint at the end of the current step (during the final
      evaluation of a one-process run: of the last step), one line, exit status
      128 + the signal's number (pipelines/preemption.py); during evaluate, predict, export and the tool
-     commands: stopped where they are, what they were writing discarded, one line, the same status.
+     commands (and benchmark, its running child killed): stopped where they are, what they were writing
+     discarded, one line, the same status.
 
 The task registry is handed in by the caller (``tasks.cli``), because ``pipelines/`` never
 imports ``tasks/``.
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 # Only light modules here (no torch, transformers or datasets): each command imports what it runs
 # after its arguments are parsed, so help, --version and argument errors answer at once.
 from pipelines.atomic_writes import check_replaceable_folder, replacing_folder
-from pipelines.config import RunConfig
+from pipelines.config import ConfigError, RunConfig
 from pipelines.config_loading import load_config
 from pipelines.errors import ModelError, OutputDirError, RunStopped, UserError, failures_named
 from pipelines.outputs import load_saved_config
@@ -74,7 +76,8 @@ _WAY_ON_AFTER_A_STOP = {
 
 # Commands with no step to stop at and nothing to resume: SIGTERM/SIGUSR1 end them where they are, through their
 # cleanup. Killed by the signal instead, predict left its half-written output (OUTPUT.tmp) beside the file.
-_STOPPED_WHERE_THEY_ARE = {"evaluate", "predict", "export", "merge", "attention", "convert-bert", "publish"}
+# benchmark: its runs are children it kills on the way out (pipelines.benchmark.runner.run_in_child), its folder staged.
+_STOPPED_WHERE_THEY_ARE = {"evaluate", "predict", "export", "merge", "attention", "convert-bert", "publish", "benchmark"}
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -143,8 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     benchmark.add_argument("config", help="YAML task config (with --predict: a finished run directory)")
     benchmark.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. data.max_train_samples=8000")
     benchmark.add_argument("--seeds", type=int, default=3, help="runs per setting, seeds config.seed, config.seed+1, ... (default 3; with --predict: repeats)")
-    benchmark.add_argument("--settings", default="bertpipe,trainer_default,trainer_best", help="comma-separated subset of the settings")
-    benchmark.add_argument("--output-dir", help="where benchmark.md/.json and the runs go (default: OUTPUT_DIR-benchmark)")
+    benchmark.add_argument("--settings", help="comma-separated subset of the settings (default: bertpipe,trainer_default,trainer_best)")
+    benchmark.add_argument(
+        "--output-dir",
+        help="a new or empty folder for benchmark.md/.json and the runs (default: OUTPUT_DIR-benchmark; --to-accuracy: "
+             "OUTPUT_DIR-to-accuracy; --predict: RUN_DIR-predict-benchmark)",
+    )
+    benchmark.add_argument("--overwrite", action="store_true", help="replace an earlier benchmark in --output-dir once this one has finished")
     benchmark.add_argument("--metric", help="metric column (default: train.metric_for_best_model, else the task's first metric)")
     benchmark.add_argument(
         "--to-accuracy", action="store_true",
@@ -283,6 +291,28 @@ def _check_export_precision(args: argparse.Namespace) -> None:
         )
 
 
+_BENCHMARK_MODES = {
+    "--predict": "times bertpipe predict against pipeline() on a finished run",
+    "--to-accuracy": "times the trainer_default recipe and bertpipe as shipped to the same metric",
+}
+
+
+def _check_benchmark_options(args: argparse.Namespace) -> None:
+    """``--predict`` and ``--to-accuracy`` are benchmarks of their own: an option that only the side-by-side table
+    reads (or the other mode) was accepted and silently ignored, so the result answered another question than asked."""
+    mode = "--predict" if args.predict else "--to-accuracy"
+    ignored = [option for option, given in (
+        ("--to-accuracy", args.predict and args.to_accuracy),
+        ("--settings", args.settings is not None),
+        ("--metric", args.predict and args.metric is not None),
+    ) if given]
+    if ignored:
+        raise ConfigError(
+            f"{', '.join(ignored)} cannot be combined with {mode}, which {_BENCHMARK_MODES[mode]} and would ignore "
+            f"{'it' if len(ignored) == 1 else 'them'}; run one benchmark at a time"
+        )
+
+
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
     # Each command reads its config before importing the module that runs it (torch and friends).
     if _run_edge_command(args, get_task):
@@ -307,30 +337,34 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         count = predict_file(config, get_task(config.task)(config), args.run_dir, args.input, args.output, precision=args.precision)
         _print_on_main_process(f"wrote {count} predictions to {args.output}")
     elif args.command == "benchmark" and args.predict:
+        _check_benchmark_options(args)
         from pipelines.benchmark import run_predict_benchmark
 
         result = run_predict_benchmark(
-            args.config, args.predict, get_task, output_dir=args.output_dir, repeats=args.seeds, overrides=args.overrides
+            args.config, args.predict, get_task, output_dir=args.output_dir, repeats=args.seeds, overrides=args.overrides,
+            overwrite=args.overwrite,
         )
         print(result["table"])
         print(f"wrote {result['output_dir']}/predict_benchmark.md and predict_benchmark.json")
     elif args.command == "benchmark" and args.to_accuracy:
+        _check_benchmark_options(args)
         config = load_run_config(get_task, args.config, args.overrides)
         from pipelines.benchmark.to_accuracy import TO_ACCURACY_JSON, TO_ACCURACY_MARKDOWN, run_to_accuracy
 
         result = run_to_accuracy(
             config, get_task, config_label=" ".join([args.config, *args.overrides]), seeds=args.seeds,
-            output_dir=args.output_dir, metric=args.metric,
+            output_dir=args.output_dir, metric=args.metric, overwrite=args.overwrite,
         )
         print(result["table"])
         print(f"wrote {result['output_dir']}/{TO_ACCURACY_MARKDOWN} and {TO_ACCURACY_JSON}")
     elif args.command == "benchmark":
         config = load_run_config(get_task, args.config, args.overrides)
-        from pipelines.benchmark import parse_settings, run_benchmark
+        from pipelines.benchmark import SETTINGS, parse_settings, run_benchmark
 
         result = run_benchmark(
             config, get_task, config_label=" ".join([args.config, *args.overrides]), seeds=args.seeds,
-            settings=parse_settings(args.settings), output_dir=args.output_dir, metric=args.metric,
+            settings=parse_settings(args.settings) if args.settings else SETTINGS, output_dir=args.output_dir,
+            metric=args.metric, overwrite=args.overwrite,
         )
         print(result["table"])
         print(f"wrote {result['output_dir']}/benchmark.md and benchmark.json")

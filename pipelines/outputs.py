@@ -62,7 +62,7 @@ def is_run_dir(folder: str | Path) -> bool:
     return isinstance(saved, dict) and "task" in saved and "output_dir" in saved
 
 
-def _inside(path: Path, folder: Path) -> bool:
+def lies_inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
@@ -125,7 +125,7 @@ def check_outside_data_folder(config: RunConfig, folder: Path, key: str = "outpu
     too: the run's checkpoints changed the data's digest, so it could never resume ("contents changed"), and the
     ``eval_validation.json`` that ``evaluate`` wrote became rows of the validation split, which no load could cast."""
     data_folder = None if config.data.files else run_inputs(config).get("data.path")  # data.files: data.path is not read
-    if data_folder is not None and data_folder.is_dir() and _inside(folder.expanduser().resolve(), data_folder):
+    if data_folder is not None and data_folder.is_dir() and lies_inside(folder.expanduser().resolve(), data_folder):
         raise OutputDirError(
             f"{key} {folder} lies inside data.path={config.data.path}, a folder read whole as the run's data: the run's "
             f"files would become part of it. Choose a {key} outside {config.data.path}"
@@ -173,7 +173,7 @@ def _check_run_dir_use(config: RunConfig, run_dir: Path) -> None:
         resumed = config.train.resume_from_checkpoint
         # A resume continues its own run: into another run's folder it replaced that run's model, config and metrics
         # (without overwrite=true, and without keeping it aside), and mixed the two runs' checkpoints.
-        if resumed != "latest" and not _inside(Path(resumed).resolve(), run_dir.resolve() / "checkpoints"):
+        if resumed != "latest" and not lies_inside(Path(resumed).resolve(), run_dir.resolve() / "checkpoints"):
             raise OutputDirError(
                 f"output_dir {run_dir} holds another run: train.resume_from_checkpoint={resumed} is not one of its "
                 "checkpoints, and two runs never share one folder. Resume into the folder of the run the checkpoint "
@@ -182,10 +182,10 @@ def _check_run_dir_use(config: RunConfig, run_dir: Path) -> None:
         return
     if config.overwrite:
         resolved = run_dir.resolve()
-        if _inside(Path.cwd().resolve(), resolved):
+        if lies_inside(Path.cwd().resolve(), resolved):
             raise OutputDirError(f"overwrite=true would delete output_dir {run_dir}, which holds the current directory")
         for key, path in run_inputs(config).items():
-            if _inside(path, resolved):
+            if lies_inside(path, resolved):
                 raise OutputDirError(
                     f"overwrite=true would delete output_dir {run_dir}, but {key}={path} lies inside it (an input of "
                     "this run). Choose another output_dir, or move the input out first."

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -97,15 +96,6 @@ def eval_sentences(run_dir: Path) -> list:
         return list(task.load(include_train=False)[config.data.eval_split]["tokens"])
     examples = task.load(include_train=False)[config.data.eval_split]
     return list(examples[config.data.text_column or "text"])
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS. VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the
-    forking parent across exec, so every child would report at least the parent's peak."""
-    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def make_predictor(kind: str, task: str, folder: Path, max_length: int):
@@ -183,6 +173,8 @@ def make_predictor(kind: str, task: str, folder: Path, max_length: int):
 def measure(kind: str, task: str, folder: Path, sentences_file: Path, count: int, max_length: int) -> dict:
     """Runs in its own process: batch-1 latency, batch-32 throughput, peak RSS of ``make_predictor``'s calls."""
     import numpy as np
+
+    from pipelines.process_memory import peak_rss_mb  # torch-free: an ONNX row's peak holds no torch
 
     sentences = json.loads(sentences_file.read_text(encoding="utf-8"))
     predict, size = make_predictor(kind, task, folder, max_length)
@@ -301,6 +293,7 @@ def phase_report(teacher: Path, student: Path, out: Path) -> None:
 
 
 def main() -> None:
+    sys.path.insert(0, str(REPO_ROOT))
     if len(sys.argv) > 1 and sys.argv[1] == "_measure":
         kind, task, folder, sentences_file, count, max_length = sys.argv[2:8]
         print(json.dumps(measure(kind, task, Path(folder), Path(sentences_file), int(count), int(max_length))))
@@ -314,7 +307,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, each row once per round; the report takes medians (default 3)")
     parser.add_argument("--add", action="store_true", help="time: add the rounds to OUT/timings.json instead of starting afresh")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO_ROOT))
     for phase in (["export", "evaluate", "time", "report"] if args.phase == "all" else [args.phase]):
         if phase == "export":
             phase_export(args.teacher, args.student, args.out)

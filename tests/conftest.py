@@ -168,13 +168,19 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def signal_after_logged_losses(process: subprocess.Popen, log: Path, count: int, signal_number: int, *, timeout: float = 120) -> str:
+def signal_after_logged_losses(process: subprocess.Popen, log: Path, count: int, signal_number: int, *, timeout: float = 120,
+                               children: list | None = None) -> str:
     """Send ``signal_number`` to a running CLI ``process`` once its ``log.jsonl`` holds ``count`` loss records,
-    and return its stderr once it has ended; fail with that stderr if it ends (or ``timeout`` passes) first."""
+    and return its stderr once it has ended; fail with that stderr if it ends (or ``timeout`` passes) first.
+    ``children``, when given, receives the process's child processes (psutil) as they were when signalled."""
     deadline = time.monotonic() + timeout
     while not (log.is_file() and sum("loss" in line for line in log.read_text().splitlines()) >= count):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.01)
+    if children is not None:
+        import psutil
+
+        children.extend(psutil.Process(process.pid).children())
     process.send_signal(signal_number)
     return process.communicate(timeout=timeout)[1]
 

@@ -7,7 +7,6 @@ Out: FLOP/s of the fastest square matmul per dtype (``MatmulPeak``), the non-emb
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from pipelines.packing import count_samples_and_tokens
+from pipelines.process_memory import peak_rss_mb
 
 FLOPS_PER_TOKEN_PER_PARAMETER = 6
 """Forward (2) + backward (4) multiply-adds per non-embedding parameter per token (Kaplan et al.)."""
@@ -69,10 +69,6 @@ def non_embedding_parameters(model: torch.nn.Module) -> int:
     embedding = {id(p) for module in model.modules() if isinstance(module, torch.nn.Embedding) for p in module.parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in embedding)
 
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 class TrainingCounter:
     """Counts the samples and non-padding tokens the model trains on, as bertpipe's loop does.

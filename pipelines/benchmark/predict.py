@@ -7,9 +7,7 @@ Out: per setting, wall time, inputs/s and peak RSS (each run in a fresh spawned 
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import multiprocessing
 import os
 import time
 from dataclasses import dataclass
@@ -18,14 +16,14 @@ from typing import Any, Callable, Sequence
 
 from pipelines.benchmark.job import BenchmarkError, TaskLookup
 from pipelines.benchmark.measure import peak_rss_mb
-from pipelines.benchmark.report import _cell, _load, _spread
+from pipelines.benchmark.output import benchmark_folder
+from pipelines.benchmark.report import PREDICT_JSON, PREDICT_MARKDOWN, _cell, _load, _spread
+from pipelines.benchmark.runner import run_in_child
 from pipelines.config_loading import load_config
 from pipelines.runtime import has_accelerator_device
 
 
 PREDICT_SETTINGS = ("bertpipe_predict", "pipeline")
-PREDICT_JSON = "predict_benchmark.json"
-PREDICT_MARKDOWN = "predict_benchmark.md"
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,7 @@ def compare_predictions(reference: dict[str, Any], other: dict[str, Any]) -> dic
 
 def run_predict_benchmark(
     run_dir: str, input_path: str, get_task: TaskLookup, *, output_dir: str | None = None, repeats: int = 1,
-    overrides: Sequence[str] = (), log: Callable[[str], None] = print, in_child: bool = True,
+    overrides: Sequence[str] = (), overwrite: bool = False, log: Callable[[str], None] = print, in_child: bool = True,
 ) -> dict[str, Any]:
     """Time both prediction paths ``repeats`` times each (alternating), check they agree, write the table."""
     if repeats < 1:  # with none, the comparison below had no run to read: an IndexError traceback
@@ -109,19 +107,26 @@ def run_predict_benchmark(
             f"for task {config.task!r}; it works for classification runs"
         )
     out = Path(output_dir or f"{run_dir.rstrip('/')}-predict-benchmark")
-    out.mkdir(parents=True, exist_ok=True)
-    load_at_start = os.getloadavg()
-    runs = []
-    for repeat in range(repeats):
-        order = PREDICT_SETTINGS if repeat % 2 == 0 else PREDICT_SETTINGS[::-1]
-        for setting in order:
-            log(f"predict run {len(runs) + 1}/{repeats * len(PREDICT_SETTINGS)}: {setting}")
-            spec = PredictSpec(setting, run_dir, input_path, str(out / f"{setting}.jsonl"), tuple(overrides))
-            if in_child:
-                with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                    runs.append(pool.submit(predict_one, spec, get_task).result())
-            else:
-                runs.append(predict_one(spec, get_task))
+    with benchmark_folder(out, overwrite=overwrite, inputs={"RUN_DIR": run_dir, "--predict": input_path}) as staging:
+        load_at_start = os.getloadavg()
+        runs = []
+        for repeat in range(repeats):
+            order = PREDICT_SETTINGS if repeat % 2 == 0 else PREDICT_SETTINGS[::-1]
+            for setting in order:
+                log(f"predict run {len(runs) + 1}/{repeats * len(PREDICT_SETTINGS)}: {setting}")
+                spec = PredictSpec(setting, run_dir, input_path, str(staging / f"{setting}.jsonl"), tuple(overrides))
+                runs.append(run_in_child(spec, get_task, predict_one) if in_child else predict_one(spec, get_task))
+        table, rows, agreement, speedup = _predict_table(runs, run_dir, input_path, repeats, load_at_start)
+        (staging / PREDICT_MARKDOWN).write_text(table, encoding="utf-8")
+        stored_runs = [{k: v for k, v in r.items() if k not in ("labels", "scores")} for r in runs]
+        (staging / PREDICT_JSON).write_text(
+            json.dumps({"rows": rows, "agreement": agreement, "speedup": speedup, "runs": stored_runs}, indent=2) + "\n", encoding="utf-8"
+        )
+    return {"table": table, "rows": rows, "agreement": agreement, "speedup": speedup, "output_dir": str(out)}
+
+
+def _predict_table(runs: Sequence[dict[str, Any]], run_dir: str, input_path: str, repeats: int, load_at_start) -> tuple:
+    """(markdown, rows by setting, agreement, speedup) of the timed runs."""
     by_setting = {setting: [r for r in runs if r["setting"] == setting] for setting in PREDICT_SETTINGS}
     agreement = compare_predictions(by_setting["bertpipe_predict"][0], by_setting["pipeline"][0])
     rows = {
@@ -151,8 +156,4 @@ def run_predict_benchmark(
         f"bertpipe predict / pipeline(): {speedup:.2f}x inputs/s. Labels identical: {agreement['identical_labels']}"
         f" (differing rows: {agreement['differing_rows']}); largest score difference {agreement['max_score_difference']:.2e}.",
     ]
-    table = "\n".join(lines) + "\n"
-    (out / PREDICT_MARKDOWN).write_text(table, encoding="utf-8")
-    stored_runs = [{k: v for k, v in r.items() if k not in ("labels", "scores")} for r in runs]
-    (out / PREDICT_JSON).write_text(json.dumps({"rows": rows, "agreement": agreement, "speedup": speedup, "runs": stored_runs}, indent=2) + "\n", encoding="utf-8")
-    return {"table": table, "rows": rows, "agreement": agreement, "speedup": speedup, "output_dir": str(out)}
+    return "\n".join(lines) + "\n", rows, agreement, speedup

@@ -3,7 +3,7 @@
 In:  the runs' records (setting, seed, precision, sampler, times, tokens, peak RSS, metrics), the metric to
      compare, the non-embedding parameter count and the matmul peak; for the table, a header of run facts.
 Out: ``summarize``'s rows (mean/min/max per column) and ratios, and ``format_table``'s markdown, written by
-     the runner as ``RESULTS_MARKDOWN`` beside ``RESULTS_JSON``.
+     the runner as ``RESULTS_MARKDOWN`` beside ``RESULTS_JSON``; the file names of every kind of benchmark.
 """
 
 from __future__ import annotations
@@ -11,23 +11,29 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from pipelines.benchmark.job import BenchmarkError
 from pipelines.benchmark.measure import FLOPS_PER_TOKEN_PER_PARAMETER, MatmulPeak
 
 RESULTS_JSON = "benchmark.json"
 RESULTS_MARKDOWN = "benchmark.md"
+TO_ACCURACY_JSON = "to_accuracy.json"
+TO_ACCURACY_MARKDOWN = "to_accuracy.md"
+PREDICT_JSON = "predict_benchmark.json"
+PREDICT_MARKDOWN = "predict_benchmark.md"
+# What each kind of benchmark writes: a folder holding one of them is an earlier benchmark's (pipelines.benchmark.output).
+RESULT_FILES = (RESULTS_JSON, TO_ACCURACY_JSON, PREDICT_JSON)
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
 
 
-def check_metric(metric: str, record: dict[str, Any]) -> None:
-    """Refuse a metric that a run's record does not hold (a misspelt --metric)."""
-    if metric not in record["metrics"]:
-        raise BenchmarkError(f"metric {metric!r} is not among the task's metrics {sorted(record['metrics'])}; pass --metric")
+def check_metric(metric: str, reported: Collection[str]) -> None:
+    """Refuse a metric the task does not report (a misspelt --metric)."""
+    if metric not in reported:
+        raise BenchmarkError(f"metric {metric!r} is not among the task's metrics {sorted(reported)}; pass --metric")
 
 
 def summarize(runs: Sequence[dict[str, Any]], *, metric: str, non_embedding_params: int, peak: MatmulPeak) -> dict[str, Any]:
@@ -38,7 +44,7 @@ def summarize(runs: Sequence[dict[str, Any]], *, metric: str, non_embedding_para
     rows = {}
     for setting, records in by_setting.items():
         for record in records:
-            check_metric(metric, record)
+            check_metric(metric, record["metrics"])
         flops = [
             FLOPS_PER_TOKEN_PER_PARAMETER * non_embedding_params * r["train_tokens"] / r["train_runtime"] / peak.for_precision(r["precision"])
             for r in records

@@ -1,7 +1,8 @@
 """Time to accuracy: how long bertpipe's config, as shipped, takes to match the Trainer default recipe.
 
 In:  a ``RunConfig`` as the user gives it (its evaluation schedule included), the task registry lookup,
-     the number of seeds, an output folder and the metric to compare.
+     the number of seeds, an output folder (and whether an earlier benchmark there may be replaced) and the
+     metric to compare.
 Out: ``to_accuracy.md`` and ``to_accuracy.json`` in the output folder, and the table, summary and per-run
      records returned. Per seed, the Trainer default recipe (fp32, random batches: the docs recipe) runs
      start to finish: its wall time (data, model load, training, evaluation) and its final metric. The
@@ -24,12 +25,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pipelines.benchmark.job import BenchmarkError, TaskLookup, benchmark_config_tree, check_comparable, run_config, setting_precision
-from pipelines.benchmark.report import check_metric
-from pipelines.benchmark.runner import RunSpec, default_metric, run_in_child
+from pipelines.benchmark.output import benchmark_folder
+from pipelines.benchmark.report import TO_ACCURACY_JSON, TO_ACCURACY_MARKDOWN, check_metric
+from pipelines.benchmark.runner import RunSpec, default_metric, prepare_job, run_in_child
 from pipelines.config import RunConfig
+from pipelines.outputs import run_inputs
 
-TO_ACCURACY_JSON = "to_accuracy.json"
-TO_ACCURACY_MARKDOWN = "to_accuracy.md"
 REFERENCE = "trainer_default"
 
 
@@ -163,36 +164,42 @@ def run_to_accuracy(
     seeds: int = 3,
     output_dir: str | None = None,
     metric: str | None = None,
+    overwrite: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Trainer default and bertpipe for ``seeds`` seeds, alternating; write and return the table."""
+    """Trainer default and bertpipe for ``seeds`` seeds, alternating; write and return the table (staged, as
+    ``run_benchmark`` writes: a refusal, a failed run or a stop leaves ``output_dir`` as it was)."""
     if seeds < 1:
         raise BenchmarkError("--seeds must be at least 1")
     check_comparable(config)
     out = Path(output_dir or f"{config.output_dir}-to-accuracy")
-    out.mkdir(parents=True, exist_ok=True)
-    load_at_start = os.getloadavg()
-    reference_tree, bertpipe_tree = benchmark_config_tree(config), shipped_config_tree(config)
-    references, curves = [], []
-    for index in range(seeds):
-        seed = config.seed + index
-        reference = RunSpec(setting=REFERENCE, seed=seed, tree=reference_tree, output_dir=str(out / "runs" / f"{REFERENCE}-seed{seed}"))
-        log(f"seed {seed}: {REFERENCE}")
-        references.append(run_in_child(reference, get_task))
-        metric = metric or default_metric(config, list(references[0]["metrics"]))
-        check_metric(metric, references[0])  # a misspelt --metric: said now, not after bertpipe's run has trained up to its first evaluation
-        log(f"seed {seed}: bertpipe")
-        ours = RunSpec(setting="bertpipe", seed=seed, tree=bertpipe_tree, output_dir=str(out / "runs" / f"bertpipe-seed{seed}"))
-        curves.append(run_in_child(ours, get_task, run_bertpipe_curve, metric))
-    greater_is_better = config.train.metric_greater_is_better(metric, get_task(config.task).higher_is_better)
-    summary = summarize_to_accuracy(references, curves, metric=metric, greater_is_better=greater_is_better)
-    header = {
-        "config": config_label, "seeds": seeds, "precision": curves[0]["precision"],
-        "load_average": {"start": load_at_start, "end": os.getloadavg()},
-    }
-    table = format_to_accuracy(summary, header)
-    (out / TO_ACCURACY_MARKDOWN).write_text(table, encoding="utf-8")
-    (out / TO_ACCURACY_JSON).write_text(json.dumps({**header, **summary, "reference_runs": references, "bertpipe_runs": curves}, indent=2) + "\n", encoding="utf-8")
+    with benchmark_folder(out, overwrite=overwrite, inputs=run_inputs(config), config=config) as staging:
+        load_at_start = os.getloadavg()
+        # The first reference run paid for tokenising what every later run, bertpipe's included, read from the cache.
+        metric_names = prepare_job(config, get_task)["metric_names"]
+        metric = metric or default_metric(config, metric_names)
+        check_metric(metric, metric_names)
+        reference_tree, bertpipe_tree = benchmark_config_tree(config), shipped_config_tree(config)
+        references, curves = [], []
+        for index in range(seeds):
+            seed = config.seed + index
+            reference = RunSpec(setting=REFERENCE, seed=seed, tree=reference_tree, output_dir=str(staging / "runs" / f"{REFERENCE}-seed{seed}"))
+            log(f"seed {seed}: {REFERENCE}")
+            references.append(run_in_child(reference, get_task))
+            log(f"seed {seed}: bertpipe")
+            ours = RunSpec(setting="bertpipe", seed=seed, tree=bertpipe_tree, output_dir=str(staging / "runs" / f"bertpipe-seed{seed}"))
+            curves.append(run_in_child(ours, get_task, run_bertpipe_curve, metric))
+        greater_is_better = config.train.metric_greater_is_better(metric, get_task(config.task).higher_is_better)
+        summary = summarize_to_accuracy(references, curves, metric=metric, greater_is_better=greater_is_better)
+        header = {
+            "config": config_label, "seeds": seeds, "precision": curves[0]["precision"],
+            "load_average": {"start": load_at_start, "end": os.getloadavg()},
+        }
+        table = format_to_accuracy(summary, header)
+        (staging / TO_ACCURACY_MARKDOWN).write_text(table, encoding="utf-8")
+        (staging / TO_ACCURACY_JSON).write_text(
+            json.dumps({**header, **summary, "reference_runs": references, "bertpipe_runs": curves}, indent=2) + "\n", encoding="utf-8"
+        )
     return {"table": table, "summary": summary, "output_dir": str(out)}
 
 

@@ -74,6 +74,51 @@ def test_faults_benchmark_predict_without_repeats_is_refused(refused, run_copy, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("options, needles", [
+    (["--predict", "INPUTS", "--to-accuracy"], ["--to-accuracy cannot be combined with --predict"]),
+    (["--predict", "INPUTS", "--settings", "bertpipe", "--metric", "f1"], ["--settings, --metric cannot be combined with --predict"]),
+    (["--to-accuracy", "--settings", "trainer_best"], ["--settings cannot be combined with --to-accuracy", "trainer_default"]),
+])
+def test_faults_benchmark_options_its_mode_ignores_are_refused(refused, finished_run, tmp_path, options, needles):
+    # Accepted and silently ignored: --predict ran with --to-accuracy asked, --to-accuracy ran every seed with
+    # --settings trainer_best asked, and the result answered another question than the one asked.
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("a good film\n")
+    options = [str(inputs) if option == "INPUTS" else option for option in options]
+    config_or_run = finished_run[1] if "--predict" in options else finished_run[0]
+    refused("benchmark", config_or_run, *options, "--output-dir", tmp_path / "bench", needles=needles)
+    assert not (tmp_path / "bench").exists()
+
+
+def test_faults_benchmark_metric_only_bertpipe_reports_is_refused_before_any_run(refused, finished_run, tmp_path):
+    # Checked against the first run's metrics alone: bertpipe reports eval_runtime, the Trainer does not, so
+    # --metric runtime passed and every setting and seed ran before the table refused it.
+    refused("benchmark", finished_run[0], "train.max_steps=1", "--metric", "runtime", "--seeds", "1",
+            "--output-dir", tmp_path / "bench", needles=["metric 'runtime' is not among the task's metrics", "'accuracy'"])
+    assert not (tmp_path / "bench").exists()
+
+
+def test_faults_benchmark_output_dir_that_holds_something_else_is_refused(refused, finished_run, run_copy, tmp_path):
+    # Written into without a question: a finished run's folder got runs/ and benchmark.md beside its model.
+    for extra in ([], ["--overwrite"]):
+        refused("benchmark", finished_run[0], "--output-dir", run_copy, *extra,
+                needles=[f"--output-dir {run_copy} is not empty and holds no earlier benchmark"], roots=(run_copy,))
+
+
+def test_faults_benchmark_predict_over_an_earlier_benchmark_holding_its_input_is_refused(refused, run_copy, tmp_path):
+    # The predictions were written into --output-dir as pipeline.jsonl: an input of that name was replaced.
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "predict_benchmark.json").write_text("{}")
+    inputs = bench / "pipeline.jsonl"
+    inputs.write_text('{"sentence": "a good film"}\n')
+    refused("benchmark", run_copy, "--predict", inputs, "--output-dir", bench,
+            needles=[f"--output-dir {bench} holds an earlier benchmark (predict_benchmark.json); pass --overwrite"], roots=(bench,))
+    refused("benchmark", run_copy, "--predict", inputs, "--output-dir", bench, "--overwrite",
+            needles=[f"--predict {inputs} lies inside it"], roots=(bench,))
+    assert sorted(path.name for path in bench.iterdir()) == ["pipeline.jsonl", "predict_benchmark.json"]
+
+
 def _export_dir(run, folder):
     """What marks an export directory (the checks below refuse before loading it)."""
     folder.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -227,28 +228,125 @@ def test_benchmark_refuses_a_config_whose_bertpipe_job_is_not_the_trainers(tmp_p
         assert not out.exists()
 
 
-def test_benchmark_misspelt_metric_stops_after_the_first_run(tmp_path, monkeypatch):
-    # Reported after every setting and seed had run: hours of a real benchmark for one typo.
-    from pipelines.benchmark import runner
+FACTS = {"train_examples": 1, "eval_examples": 1, "train_features": 1, "non_embedding_params": 1}
+
+
+def fake_job(monkeypatch, started, *, failing_run=None):
+    """run_benchmark and run_to_accuracy with the task's metrics given and every run faked (recorded in ``started``)."""
+    from pipelines.benchmark import runner, to_accuracy
+
+    def run_in_child(spec, get_task, *entry):
+        started.append(spec)
+        if len(started) == failing_run:
+            raise RuntimeError("this run failed")
+        (Path(spec.output_dir)).mkdir(parents=True)
+        return run(spec.setting, spec.seed, 1, 1, 1.0, 0.5)
+
+    for module in (runner, to_accuracy):
+        monkeypatch.setattr(module, "prepare_job", lambda config, get_task: {**FACTS, "metric_names": ["accuracy", "f1"]})
+        monkeypatch.setattr(module, "run_in_child", run_in_child)
+    monkeypatch.setattr(runner, "measure_matmul_peak", lambda: MatmulPeak(fp32=1.0, bf16=1.0))
+    return runner, to_accuracy
+
+
+@pytest.mark.parametrize("metric", ["acuracy", "runtime"])
+def test_benchmark_metric_the_task_does_not_report_is_refused_before_the_first_run(tmp_path, monkeypatch, metric):
+    # A misspelt --metric was reported after every setting and seed had run (hours of a real benchmark), later after
+    # the first run; and one that bertpipe's runs report but the Trainer's do not (runtime) passed that first check.
+    started = []
+    runner, to_accuracy = fake_job(monkeypatch, started)
+    for command in (runner.run_benchmark, to_accuracy.run_to_accuracy):
+        out = tmp_path / command.__name__
+        with pytest.raises(BenchmarkError, match=f"{metric!r} is not among the task's metrics \\['accuracy', 'f1'\\]"):
+            command(make_config(tmp_path), None, config_label="c", seeds=3, output_dir=str(out), metric=metric, log=lambda line: None)
+        assert started == [] and not out.exists()
+    finished = runner.run_benchmark(make_config(tmp_path), None, config_label="c", seeds=2, output_dir=str(tmp_path / "out"),
+                                    metric="f1", log=lambda line: None)
+    assert len(finished["runs"]) == 2 * len(runner.SETTINGS) and finished["summary"]["metric"] == "f1"
+
+
+def test_benchmark_failing_run_leaves_the_earlier_benchmark_in_its_folder_as_it_was(tmp_path, monkeypatch):
+    from pipelines.benchmark import RESULTS_JSON
 
     started = []
-    facts = {"train_examples": 1, "eval_examples": 1, "train_features": 1, "non_embedding_params": 1}
-    monkeypatch.setattr(runner, "_prepare", lambda config, get_task: facts)
-    monkeypatch.setattr(runner, "measure_matmul_peak", lambda: MatmulPeak(fp32=1.0, bf16=1.0))
-    monkeypatch.setattr(runner, "run_in_child", lambda spec, get_task: started.append(spec) or run(spec.setting, spec.seed, 1, 1, 1.0, 0.5))
-    with pytest.raises(BenchmarkError, match="'acuracy' is not among the task's metrics"):
-        runner.run_benchmark(make_config(tmp_path), None, config_label="c", seeds=3, output_dir=str(tmp_path / "out"),
-                             metric="acuracy", log=lambda line: None)
-    assert len(started) == 1
-    finished = runner.run_benchmark(make_config(tmp_path), None, config_label="c", seeds=2, output_dir=str(tmp_path / "out"),
-                                    metric="accuracy", log=lambda line: None)
-    assert len(finished["runs"]) == 2 * len(runner.SETTINGS)
+    runner, to_accuracy = fake_job(monkeypatch, started)
+    out = tmp_path / "out"
+    runner.run_benchmark(make_config(tmp_path), None, config_label="c", seeds=1, output_dir=str(out), log=lambda line: None)
+    before = {path: path.read_bytes() if path.is_file() else None for path in out.rglob("*")}
+    assert (out / RESULTS_JSON).is_file() and (out / "runs" / "bertpipe-seed5").is_dir()
 
-    from pipelines.benchmark import to_accuracy
+    fake_job(monkeypatch, started, failing_run=2)
+    for command in (runner.run_benchmark, to_accuracy.run_to_accuracy):
+        started.clear()
+        with pytest.raises(RuntimeError, match="this run failed"):
+            command(make_config(tmp_path), None, config_label="c", seeds=1, output_dir=str(out), overwrite=True, log=lambda line: None)
+        assert len(started) == 2
+        assert {path: path.read_bytes() if path.is_file() else None for path in out.rglob("*")} == before
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "train.jsonl"]
 
-    started.clear()
-    monkeypatch.setattr(to_accuracy, "run_in_child", lambda spec, get_task, *entry: started.append(spec) or run(spec.setting, spec.seed, 1, 1, 1.0, 0.5))
-    with pytest.raises(BenchmarkError, match="'acuracy' is not among the task's metrics"):
-        to_accuracy.run_to_accuracy(make_config(tmp_path), None, config_label="c", seeds=3, output_dir=str(tmp_path / "acc"),
-                                    metric="acuracy", log=lambda line: None)
-    assert [spec.setting for spec in started] == [to_accuracy.REFERENCE]
+
+def report_peak_rss(spec, get_task):
+    from pipelines.benchmark import peak_rss_mb
+
+    return {"peak_rss_mb": peak_rss_mb()}
+
+
+def test_benchmark_peak_rss_is_the_spawned_runs_own(tmp_path):
+    # getrusage's ru_maxrss survives exec: every run reported the parent's peak when that was higher.
+    from pipelines.benchmark import RunSpec, peak_rss_mb, run_in_child
+
+    held = torch.ones(2**30 // 4)  # 1 GiB, touched: the parent's peak stands far above anything a child reaches
+    parent = peak_rss_mb()
+    child = run_in_child(RunSpec("bertpipe", 1, {}, str(tmp_path)), None, report_peak_rss)["peak_rss_mb"]
+    assert held.sum() > 0 and parent > 1024
+    assert 10 < child < parent - 600, (child, parent)
+
+
+def sleep_in_child(spec, get_task):
+    import os
+    import time
+
+    Path(spec.output_dir, "pid").write_text(str(os.getpid()))
+    time.sleep(60)
+    return {}
+
+
+def kill_self_in_child(spec, get_task):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_benchmark_stop_while_a_run_is_in_its_child_kills_the_child(tmp_path):
+    # `kill PID` of a benchmark ended the parent alone (exit 143, silently): its run trained on as an orphan.
+    import os
+    import signal
+    import threading
+    import time
+
+    from pipelines.benchmark import RunSpec, run_in_child
+    from pipelines.preemption import StopNow, stopping_at_once
+
+    pid_file = tmp_path / "pid"
+
+    def signal_once_the_child_runs():
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_the_child_runs, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(StopNow), stopping_at_once():
+        run_in_child(RunSpec("bertpipe", 3, {}, str(tmp_path)), None, sleep_in_child)
+    assert time.monotonic() - started < 40, "the stop waited for the child to finish"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_benchmark_run_whose_process_was_killed_is_named(tmp_path):
+    from pipelines.benchmark import RunSpec, run_in_child
+
+    with pytest.raises(BenchmarkError, match="the trainer_best run \\(seed 4\\) ended without a result: its process was killed"):
+        run_in_child(RunSpec("trainer_best", 4, {}, str(tmp_path)), None, kill_self_in_child)
