@@ -262,6 +262,26 @@ def _check_new_folder(label: str, folder: str, what: str) -> None:
         raise OutputDirError(f"{label} {folder} is not empty; {what} goes into a new or empty folder")
 
 
+def _run_files_beside_the_model(folder: str) -> tuple[Path, ...]:
+    """A bertpipe run's own files beside its model and tokenizer: config, metrics, log, evaluation reports, model card,
+    checkpoints, best and merged models, trackers. ``convert-bert`` of a run copied them all: the converted folder then
+    passed for a finished run (``train`` refused it as one, ``evaluate`` read the run's config), its card described
+    the run's model, and it carried every checkpoint, optimizer states included."""
+    from pipelines.outputs import is_run_dir
+
+    if not is_run_dir(folder):
+        return ()
+    from pipelines.adapters import MERGED_DIR
+    from pipelines.checkpoint import CHECKPOINTS_DIR, SOURCES_FILE
+    from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, PLOT_FILE
+    from pipelines.train import BEST_MODEL_DIR
+
+    run = Path(folder)
+    names = (CONFIG_FILE, METRICS_FILE, LOG_FILE, PLOT_FILE, SOURCES_FILE, "README.md", "predictions.json", "tracking",
+             CHECKPOINTS_DIR, BEST_MODEL_DIR, MERGED_DIR)
+    return (*(run / name for name in names), *run.glob("eval_*.json"), *run.glob(".*.partial"))
+
+
 def _check_merge_out(run_dir: str, out: str | None) -> None:
     """``merge --out``: a new or empty folder, or the run's own ``merged/``, which each merge replaces.
 
@@ -388,7 +408,7 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         # destination and renamed into place: a failure or a kill mid-write left a half-filled folder the rerun refused.
         with failures_named(ModelError, f"convert-bert {args.source}"), \
                 replacing_folder(Path(args.destination), label="destination") as staging:
-            convert_bert(args.source, str(staging), reverse=args.reverse, leave_out=(args.destination,))
+            convert_bert(args.source, str(staging), reverse=args.reverse, leave_out=(args.destination, *_run_files_beside_the_model(args.source)))
         print(f"wrote {args.destination}")
     elif args.command == "attention":
         _check_new_folder("--out", args.out, "the heatmaps")

@@ -163,6 +163,37 @@ def test_cli_convert_bert_leaves_no_half_destination_and_no_copy_of_it_inside_th
     assert not (source / "ours" / "ours").exists() and not list(source.glob(".ours*"))
 
 
+def test_cli_convert_bert_of_a_run_takes_its_model_and_tokenizer_not_the_runs_own_files(tmp_path, tiny_bert, sentiment_files):
+    """The run's config, metrics, log, card and checkpoints were copied as side files: the converted folder passed for a
+    finished run (train refused it as one), its card described the run's model, and it carried every checkpoint."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from pipelines.outputs import is_run_dir
+
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=4, save_steps=2, eval_steps=None,
+                                   mixed_precision="no")
+    run_cli("train", str(config))
+    run = tmp_path / "run"
+    assert (run / "checkpoints").is_dir() and (run / "README.md").is_file()
+    converted, back = tmp_path / "ours", tmp_path / "back"
+    assert main(["convert-bert", str(run), str(converted)]) == 0
+    assert main(["convert-bert", "--reverse", str(converted), str(back)]) == 0
+    for folder in (converted, back):
+        assert sorted(path.name for path in folder.iterdir()) == [
+            "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"], folder
+        assert not is_run_dir(folder)
+
+    batch = AutoTokenizer.from_pretrained(run)(["the film was good", "bad"], padding=True, return_tensors="pt")
+    logits = {}
+    for folder in (run, converted, back):
+        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+        with torch.no_grad():
+            logits[folder.name] = model(**batch).logits
+    assert type(AutoModelForSequenceClassification.from_pretrained(converted)).__name__.startswith("Bertpipe")
+    torch.testing.assert_close(logits["ours"], logits["run"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits["back"], logits["run"], atol=1e-5, rtol=0)
+
+
 def test_cli_a_model_built_here_is_refused_when_its_vocabulary_or_padding_is_not_the_tokenizers(tmp_path, tiny_bert, sentiment_files):
     """From scratch for classification (MLM sized itself already): a vocab_size below the tokenizer's ended the first batch
     in an IndexError traceback (exit 1); a pad id other than the tokenizer's left that token's row at zero, untrained."""
