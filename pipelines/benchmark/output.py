@@ -34,6 +34,10 @@ def check_benchmark_folder(
         raise OutputDirError(f"{OPTION} {folder} is a file, not a folder; choose another {OPTION}")
     if config is not None:
         check_outside_data_folder(config, folder, OPTION)
+    if folder.exists() and lies_inside(Path.cwd().resolve(), folder.resolve()):
+        # Even empty: the finished benchmark is swapped in by renaming, and the shell's folder would be deleted under it.
+        raise OutputDirError(f"{OPTION} {folder} holds the current directory, which the finished benchmark would replace; "
+                             f"choose a {OPTION} outside it")
     if not folder.exists() or not any(folder.iterdir()):
         return
     earlier = next((name for name in RESULT_FILES if (folder / name).is_file()), None)
@@ -48,8 +52,6 @@ def check_benchmark_folder(
             f"finished, or choose another {OPTION}"
         )
     resolved = folder.resolve()
-    if lies_inside(Path.cwd().resolve(), resolved):
-        raise OutputDirError(f"--overwrite would replace {OPTION} {folder}, which holds the current directory")
     for key, path in inputs.items():
         if lies_inside(Path(path).expanduser().resolve(), resolved):
             raise OutputDirError(

@@ -97,3 +97,15 @@ def test_benchmark_folder_refuses_a_folder_inside_the_data_folder(tmp_path):
         with benchmark_folder(data / "bench", config=config):
             pytest.fail("the block must not run")
     assert [path.name for path in data.iterdir()] == ["train.jsonl"]
+
+
+def test_benchmark_folder_refuses_the_current_directory_even_empty(tmp_path, monkeypatch):
+    # Swapped in by renaming: the shell's current folder was renamed aside and deleted under it.
+    out = tmp_path / "here"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    for folder in (".", out):
+        with pytest.raises(OutputDirError, match="holds the current directory"):
+            with benchmark_folder(folder):
+                pytest.fail("the block must not run")
+    assert out.is_dir() and sorted(tmp_path.iterdir()) == [out]
