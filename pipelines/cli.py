@@ -193,8 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(default: a journal file in output_dir)")
     sweep.add_argument("--workers", type=int, default=1, help="worker processes here, each with its share of the cores")
     sweep.add_argument("--timeout", type=float, help="start no new trial after this many seconds")
-    sweep.add_argument("--pruner", default="median", choices=["none", "median", "hyperband"],
-                       help="stop hopeless trials at an evaluation (default median; needs train.eval_steps)")
+    sweep.add_argument("--pruner", choices=["none", "median", "hyperband"],
+                       help="stop hopeless trials at an evaluation (needs train.eval_steps; default: median with it, none without)")
     _add_edge_commands(commands)
     return parser
 

@@ -15,7 +15,8 @@ discarded, complete ones are kept). During the final evaluation of a one-process
 last step's checkpoint and stops as above, where dying of the signal lost every step since the last
 checkpoint (the whole run when ``train.save_steps`` is unset). Elsewhere outside the loop (loading data,
 the final save) the signals keep their usual effect. :func:`passed_on_to` makes a parent
-that only waits for its worker processes (``bertpipe sweep --workers K``) hand the signal on to them.
+that only waits for its worker processes (``bertpipe sweep --workers K``) hand the signal on to them, and
+:func:`ending_with_parent` has a worker signalled when its parent dies without a word (``kill -9``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Iterator, Sequence
@@ -119,6 +121,21 @@ def passed_on_to(processes: Sequence) -> Iterator[None]:
 
     with _handling_stop_signals(pass_on):
         yield
+
+
+def ending_with_parent(number: int, parent_pid: int, *, poll_seconds: float = 1.0) -> None:
+    """Send this process ``number`` once, within ``poll_seconds``, after ``parent_pid`` (the process that started it)
+    has died. A parent killed outright (``kill -9``, the OOM killer) hands no signal on, and its workers trained on
+    as orphans, writing into folders nobody read. A watching thread, not Linux's parent-death signal: that one
+    comes again each time another of a dying parent's threads inherits the child, and a second SIGTERM means
+    "stop now" (no checkpoint) to a training run."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_seconds)
+        os.kill(os.getpid(), number)
+
+    threading.Thread(target=watch, name="ending-with-parent", daemon=True).start()
 
 
 @contextmanager

@@ -120,9 +120,11 @@ def test_cli_benchmark_to_accuracy_times_bertpipe_to_the_trainer_defaults_metric
     assert sum("eval_accuracy" in line for line in log) == 3
 
 
-def test_cli_benchmark_stopped_by_sigterm_kills_its_run_and_leaves_no_folder(tmp_path, tiny_bert, sentiment_files):
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_cli_benchmark_stopped_by_a_signal_ends_its_run_too(tmp_path, tiny_bert, sentiment_files, signal_name):
     """`kill PID` ended the benchmark silently (exit 143) while its spawned run trained on as an orphan, writing into
-    --output-dir. Now: the run is killed, the staged folder discarded, one line, the signal's status."""
+    --output-dir; `kill -9 PID` left it so too. Now SIGTERM kills the run, discards the staged folder and says so in
+    one line; after SIGKILL, which the parent cannot answer, the run notices its parent is gone and ends."""
     import signal
     import subprocess
     import sys
@@ -131,6 +133,7 @@ def test_cli_benchmark_stopped_by_sigterm_kills_its_run_and_leaves_no_folder(tmp
 
     from tests.conftest import REPO_ROOT, cli_env, signal_after_logged_losses
 
+    number = getattr(signal, signal_name)
     config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=100_000, mixed_precision="no")
     out = tmp_path / "bench"
     benchmark = subprocess.Popen([sys.executable, "-m", "tasks.cli", "benchmark", str(config), "--seeds", "1", "--output-dir", str(out)],
@@ -138,13 +141,18 @@ def test_cli_benchmark_stopped_by_sigterm_kills_its_run_and_leaves_no_folder(tmp
     children = []
     # Once the run in the spawned child has logged a loss, it is training inside the staged folder.
     stderr = signal_after_logged_losses(benchmark, tmp_path / ".bench.partial" / "runs" / "bertpipe-seed7" / "log.jsonl", 1,
-                                        signal.SIGTERM, timeout=300, children=children)
-
+                                        number, timeout=300, children=children)
+    # Every child is gone (spawn's resource tracker leaves once its parent has), none training on.
+    _, alive = psutil.wait_procs(children, timeout=20)
+    for process in alive:
+        process.kill()
+    assert not alive, [process.cmdline() for process in alive]
+    assert not out.exists()
+    if number == signal.SIGKILL:
+        assert benchmark.returncode == -signal.SIGKILL
+        return
     assert benchmark.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == (
         "bertpipe benchmark: stopped by SIGTERM; nothing half-written is left, and files that were there are unchanged; "
         "the command has nothing to resume: run it again"), stderr[-3000:]
-    # Every child is gone (spawn's resource tracker leaves once its parent has), none training on.
-    _, alive = psutil.wait_procs(children, timeout=20)
-    assert not alive, [process.cmdline() for process in alive]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["run.yaml"]

@@ -188,10 +188,8 @@ def test_cli_sweep_stopped_by_sigterm_marks_its_trial_failed_and_continues_on_re
     assert sum(trial.state.name == "COMPLETE" for trial in trials) == 3 and trials[1].state.name == "FAIL"
 
 
-def test_cli_sweep_passes_a_sigterm_on_to_its_workers(tmp_path, tiny_bert, sentiment_files):
-    """`kill PID` of a sweep with --workers ended the parent alone: its workers trained on as orphans and nobody
-    said how the sweep ended. The parent now hands the signal on; each worker stops its trial at a step boundary."""
-    import signal
+def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files) -> tuple[subprocess.Popen, list, list[Path]]:
+    """A sweep whose two workers are each training a long trial: (the sweep, its child processes, the trials' logs)."""
     import time
 
     config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="parent", max_steps=5000, eval_steps=2500,
@@ -206,19 +204,84 @@ def test_cli_sweep_passes_a_sigterm_on_to_its_workers(tmp_path, tiny_bert, senti
     while not all(log.is_file() and log.read_text().strip() for log in logs):
         assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()[1][-3000:]
         time.sleep(0.05)
-    workers = psutil.Process(sweep.pid).children()
-    sweep.send_signal(signal.SIGTERM)
-    _, stderr = sweep.communicate(timeout=300)
+    return sweep, psutil.Process(sweep.pid).children(), logs
 
-    assert sweep.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    assert stderr.count("bertpipe sweep: stopped by SIGTERM at step ") == 1 and "Traceback" not in stderr, stderr[-3000:]
+
+def assert_trials_stopped_and_failed(tmp_path, workers, logs) -> None:
     # Every child is gone (or going: spawn's resource tracker leaves once its parent has), none training on.
-    _, alive = psutil.wait_procs(workers, timeout=20)
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    for process in alive:
+        process.kill()
     assert not alive, [process.cmdline() for process in alive]
     assert {trial.number: trial.state.name for trial in study_trials(tmp_path / "parent")} == {0: "FAIL", 1: "FAIL"}
     for log in logs:
         assert json.loads((log.parent / "trial.json").read_text())["state"] == "FAIL"
         assert [path.name for path in (log.parent / "checkpoints").iterdir()], "each trial checkpointed where it stopped"
+
+
+def test_cli_sweep_passes_a_sigterm_on_to_its_workers(tmp_path, tiny_bert, sentiment_files):
+    """`kill PID` of a sweep with --workers ended the parent alone: its workers trained on as orphans and nobody
+    said how the sweep ended. The parent now hands the signal on; each worker stops its trial at a step boundary."""
+    import signal
+
+    sweep, workers, logs = sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files)
+    sweep.send_signal(signal.SIGTERM)
+    _, stderr = sweep.communicate(timeout=300)
+
+    assert sweep.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert stderr.count("bertpipe sweep: stopped by SIGTERM at step ") == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert_trials_stopped_and_failed(tmp_path, workers, logs)
+
+
+def test_cli_sweep_workers_stop_their_trials_when_the_parent_is_killed(tmp_path, tiny_bert, sentiment_files):
+    """`kill -9` of the parent (or the OOM killer) passes nothing on: both workers trained on as orphans, and a rerun
+    meanwhile counted their trials as running. Each worker now notices and stops its trial as a SIGTERM would."""
+    sweep, workers, logs = sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files)
+    sweep.kill()
+    sweep.communicate(timeout=300)
+    assert_trials_stopped_and_failed(tmp_path, workers, logs)
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--timeout", "nan"], ["--timeout must be a positive number of seconds (got nan)"]),
+    (["hub.push=true", "hub.repo_id=someone/model"], ["hub.push=true would push every trial to someone/model"]),
+    (["--pruner", "median", "train.eval_steps=null"], ["--pruner median stops trials at their evaluations", "train.eval_steps"]),
+])
+def test_cli_sweep_options_it_would_ignore_or_misapply_are_refused(tmp_path, tiny_bert, sentiment_files, extra, needles):
+    # --timeout nan started no trial and exited 0; hub.push made every trial push to one repository, the last to
+    # finish winning; --pruner median without evaluations before the end was named in sweep.md and never pruned.
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "refused")
+    result = run_cli("sweep", str(config), "--trials", "2", "--space", str(space), *extra, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for needle in needles:
+        assert needle in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "refused").exists()
+
+
+def test_cli_sweep_continued_with_another_job_is_refused_naming_what_differs(tmp_path, tiny_bert, sentiment_files):
+    """Only the objective was compared: a rerun with other overrides, or another sweep sharing the storage under the
+    same study name, added its trials to the study, and sweep.md named one best among trials of different jobs."""
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "job")
+    storage = tmp_path / "shared.journal"
+    args = ["sweep", str(config), "--space", str(space), "--storage", str(storage), "train.max_steps=4", "train.eval_steps=null"]
+    run_cli(*args, "--trials", "1")
+    # Without evaluations before a trial's end there is nothing to prune: the default pruner is none then.
+    assert "pruner: none" in (tmp_path / "job" / "sweep.md").read_text()
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+
+    changed = run_cli(*args[:-2], "train.max_steps=2", "train.eval_steps=null", "--trials", "2", check=False)
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr[-3000:]
+    assert "study 'job'" in changed.stderr and "train.max_steps: 4 in the study, 2 now" in changed.stderr
+    elsewhere = tmp_path / "elsewhere" / "job"
+    moved = run_cli(*args, f"output_dir={elsewhere}", "--trials", "2", check=False)
+    assert moved.returncode == 2 and f"output_dir: '{tmp_path / 'job'}' in the study, '{elsewhere}' now" in moved.stderr
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+    run_cli(*args, "--trials", "2")  # the same job continues
+    from pipelines.sweep import open_storage
+
+    study = optuna.load_study(study_name="job", storage=open_storage(str(storage)))
+    assert [trial.state.name for trial in study.trials] == ["COMPLETE", "COMPLETE"]
 
 
 def test_cli_sweep_bad_space_is_exit_2_naming_key_and_file(tmp_path, tiny_bert, sentiment_files):

@@ -110,9 +110,15 @@ def run_in_child(spec: Any, get_task: TaskLookup, entry: Callable[..., dict[str,
 
 
 def _in_child(entry: Callable[..., dict[str, Any]], spec: Any, get_task: TaskLookup, *arguments: Any) -> dict[str, Any]:
+    import signal
     import threading
 
     from tqdm import tqdm
+
+    from pipelines.preemption import ending_with_parent
+
+    # A parent killed outright (kill -9) cannot kill this run: it would train on, writing into an abandoned folder.
+    ending_with_parent(signal.SIGKILL, multiprocessing.parent_process().pid)
 
     # tqdm's default lock is a multiprocessing one, a named semaphore: in a run that is killed, nothing releases it,
     # and spawn's resource tracker printed a "leaked semaphore" warning after the command's last line.

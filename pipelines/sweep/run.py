@@ -10,6 +10,7 @@ Out: the study continued until it holds that many finished trials; the report (`
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -46,16 +47,17 @@ def run_sweep(
     storage: str | None = None,
     workers: int = 1,
     timeout: float | None = None,
-    pruner: str = "median",
+    pruner: str | None = None,
 ) -> dict[str, Any]:
-    """Run (or continue) the study until it holds ``trials`` finished trials; write the report."""
+    """Run (or continue) the study until it holds ``trials`` finished trials; write the report. ``pruner``: none,
+    median or hyperband; by default median where trials evaluate before their end (``train.eval_steps``), else none."""
     if optuna is None:
         raise SweepError("bertpipe sweep needs optuna: pip install -e '.[sweep]'")
     for flag, value in (("--trials", trials), ("--workers", workers)):
         if value < 1:
             raise SweepError(f"{flag} must be at least 1 (got {value})")
-    if timeout is not None and timeout <= 0:
-        raise SweepError(f"--timeout must be positive seconds (got {timeout})")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):  # nan passed "<= 0" and ran no trial
+        raise SweepError(f"--timeout must be a positive number of seconds (got {timeout})")
     options_for = lambda name: get_task(name).Options  # noqa: E731
     base = load_config(config_path, list(overrides), options_for)
     if base.train.resume_from_checkpoint:
@@ -64,11 +66,18 @@ def run_sweep(
             f"command line): each trial of a sweep is a new run; to continue a stopped sweep, run the same command "
             f"again without it"
         )
+    if base.hub.push:
+        # Every trial pushed to the same repository: it ended up holding the last trial to finish, not the best.
+        raise SweepError(
+            f"{config_path}: hub.push=true would push every trial to {base.hub.repo_id}, the last one to finish winning; "
+            "sweep without it (hub.push=false), then publish the best trial's run with `bertpipe publish`"
+        )
     params = load_space(space_path, base, config_path=config_path, overrides=overrides, options_for=options_for)
     metric = base.train.metric_for_best_model or DEFAULT_OBJECTIVES.get(base.task)
     if not metric:
         raise SweepError(f"{config_path}: set train.metric_for_best_model: the objective of the sweep")
     maximize = base.train.metric_greater_is_better(metric, get_task(base.task).higher_is_better)
+    pruner = _pruner_for(base, pruner)
     make_pruner(pruner, trials)  # an unknown name fails here, before anything is written
     output_dir = Path(base.output_dir)
     plan = SweepPlan(
@@ -82,7 +91,7 @@ def run_sweep(
     _check_output_dir(base, output_dir)
     _check_trials_are_this_studys(plan)
     output_dir.mkdir(parents=True, exist_ok=True)
-    study = _create_study(plan)
+    study = _create_study(plan, base)
     for number in fail_dead_trials(study):
         print(f"trial {number}: its worker process is gone; marked failed, {trial_dir(plan, number)} left as it was")
     started = time.perf_counter()
@@ -91,6 +100,19 @@ def run_sweep(
     report = write_report(optuna.load_study(study_name=plan.study_name, storage=open_storage(plan.storage)), plan, wall, options_for)
     report["dead_workers"] = dead_workers
     return report
+
+
+def _pruner_for(config: RunConfig, asked: str | None) -> str:
+    """A pruner stops a trial at an evaluation; without ``train.eval_steps`` a trial's only one is its last, so
+    ``--pruner median`` was accepted, named in sweep.md, and never pruned anything."""
+    if asked is None:
+        return "median" if config.train.eval_steps else "none"
+    if asked != "none" and not config.train.eval_steps:
+        raise SweepError(
+            f"--pruner {asked} stops trials at their evaluations, and without train.eval_steps a trial evaluates only "
+            f"at its end; set train.eval_steps, or drop --pruner"
+        )
+    return asked
 
 
 def _pins(config: RunConfig, overrides: Sequence[str], workers: int) -> list[str]:
@@ -156,11 +178,45 @@ def _check_trials_are_this_studys(plan: SweepPlan) -> None:
             )
 
 
-def _create_study(plan: SweepPlan):
-    try:
-        study = optuna.create_study(
-            storage=open_storage(plan.storage), study_name=plan.study_name, direction=plan.direction, load_if_exists=True,
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _check_same_job(plan: SweepPlan, study, base: RunConfig) -> None:
+    """Refuse to continue a study with another job than the one its trials ran (the config with its overrides,
+    before the search space's values): only the objective was compared, so a rerun with other overrides, an
+    edited config, or another sweep sharing the storage under the same study name added its trials to the same
+    study, and sweep.md named one "best" among trials of different jobs."""
+    job = json.loads(json.dumps(_flat(base.to_yaml_dict()), default=str))
+    recorded = study.user_attrs.get("job")
+    if recorded is None:  # a study begun before the job was recorded: from now on, its job is this one
+        study.set_user_attr("job", job)
+        return
+    differing = sorted(key for key in set(job) | set(recorded) if job.get(key) != recorded.get(key))
+    if differing:
+        shown = "; ".join(f"{key}: {recorded.get(key)!r} in the study, {job.get(key)!r} now" for key in differing[:5])
+        more = f" (and {len(differing) - 5} more)" if len(differing) > 5 else ""
+        raise SweepError(
+            f"study {plan.study_name!r} in {plan.storage} ran its trials with another config: {shown}{more}. Continue it "
+            f"with the config and overrides it began with, or give the new sweep its own output_dir (or --study)"
         )
+
+
+def _create_study(plan: SweepPlan, base: RunConfig):
+    try:
+        storage = open_storage(plan.storage)
+        try:
+            # Loaded first, not created "if missing": Optuna appends a creation record to a journal even when the study
+            # exists, and a continuation refused below would have changed the journal.
+            study = optuna.load_study(study_name=plan.study_name, storage=storage)
+        except KeyError:
+            study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=plan.direction, load_if_exists=True)
     except Exception as error:  # a bad URL, an unreachable server, a journal that is not one
         if isinstance(error, SweepError):
             raise
@@ -173,4 +229,5 @@ def _create_study(plan: SweepPlan):
             f"study {plan.study_name!r} in {plan.storage} optimises {objective} ({study.direction.name.lower()}), not "
             f"{plan.metric} ({plan.direction}); give the new study its own output_dir"
         )
+    _check_same_job(plan, study, base)
     return study

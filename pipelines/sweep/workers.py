@@ -112,6 +112,13 @@ def run_workers(plan: SweepPlan, get_task: TaskLookup, workers: int) -> list[str
 
 
 def _worker_main(plan: SweepPlan, get_task: TaskLookup, index: int, errors) -> None:
+    import multiprocessing
+    import signal
+
+    from pipelines.preemption import ending_with_parent
+
+    # As for a SIGTERM the parent passes on: the trial stops at a step boundary, is marked failed, and a rerun continues.
+    ending_with_parent(signal.SIGTERM, multiprocessing.parent_process().pid)
     try:
         work(plan, get_task, index)
     except BaseException as error:  # handed to the parent, which reports it as the CLI would
