@@ -378,7 +378,7 @@ class DistillConfig(Section):
     num_layers: int | None = Field(default=None, gt=0)
     """With ``init: teacher``: student depth, teacher layers taken evenly spaced (default: half, i.e. every other layer)."""
     layers: list[int] | None = None
-    """With ``init: teacher``: the teacher layers (0-based) to copy, in order; overrides ``num_layers``."""
+    """With ``init: teacher``: the teacher layers (0-based) to copy, in order; with ``num_layers`` too, as many of them."""
     hidden_weight: float = Field(default=0.0, ge=0.0)
     """Weight of an MSE between student and teacher hidden states (student layer j <-> teacher layer
     j * L_teacher / L_student, embeddings included); 0 = off. Needs equal hidden sizes."""
@@ -394,6 +394,10 @@ class DistillConfig(Section):
             raise ValueError("distill.layers and distill.num_layers choose teacher layers: they need distill.init=teacher")
         if self.layers is not None and (not self.layers or any(layer < 0 for layer in self.layers) or len(set(self.layers)) != len(self.layers)):
             raise ValueError(f"distill.layers must be distinct non-negative layer indices, got {self.layers}")
+        if self.layers is not None and self.num_layers is not None and self.num_layers != len(self.layers):
+            # The layers won, and config.yaml kept a num_layers the student did not have.
+            raise ValueError(f"distill.num_layers={self.num_layers} and distill.layers={self.layers} ({len(self.layers)} layers) "
+                             "disagree: give one of them")
         return self
 
 

@@ -244,6 +244,30 @@ def hidden_state_loss(student_hidden, teacher_hidden, layer_map, attention: torc
 
 
 # ----- segment ids the student's tokenizer does not give ------------------------------------------
+# Texts that tell apart tokenizers of one vocabulary: case, accents, punctuation, digits, spacing, and a text pair.
+_TOKENIZER_PROBES = (
+    ("The FILM was Superb: naïve café, 42 dollars!", None),
+    ("  Tabs\tand   spaces, «quotes» and dashes—here", None),
+    ("Who wrote it?", "Élan Vital, 1907."),
+)
+
+
+def check_same_input_ids(teacher_tokenizer, student_tokenizer, teacher: str) -> None:
+    """Refuse a student tokenizer that turns text into other input ids than the teacher's, its vocabulary the same
+    (one lower-cases and the other not, or strips accents, or splits otherwise): the teacher then read ids it never
+    saw in training (three of four words of a cased text as [UNK]), and its soft targets were noise."""
+    for text, pair in _TOKENIZER_PROBES:
+        ids = [tokenizer(text, pair)["input_ids"] for tokenizer in (teacher_tokenizer, student_tokenizer)]
+        if ids[0] != ids[1]:
+            shown = repr(text) if pair is None else f"{text!r} with {pair!r}"
+            raise DistillError(
+                f"the student's tokenizer reads text otherwise than the teacher's ({teacher}), though their vocabularies are "
+                f"the same: {shown} is {ids[1]} to the student and {ids[0]} to the teacher (case, accents or splitting). "
+                f"Both must turn text into the same input ids: give the student the teacher's tokenizer "
+                f"(model.tokenizer_name_or_path={teacher})"
+            )
+
+
 def segment_separator(teacher_tokenizer, student_tokenizer) -> int | None:
     """The separator id after which the teacher numbers tokens segment 1, when the teacher reads
     ``token_type_ids`` that the student's batches lack; None when the teacher loses nothing without them.
@@ -365,6 +389,8 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
     student_tokenizer = getattr(task, "tokenizer", None)
     if student_tokenizer is not None and student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
         raise DistillError(f"the student's tokenizer differs from the teacher's ({distill.teacher}): both must read the same input ids")
+    if student_tokenizer is not None:
+        check_same_input_ids(teacher_tokenizer, student_tokenizer, distill.teacher)
     separator = segment_separator(teacher_tokenizer, student_tokenizer) if student_tokenizer is not None else None
     teacher_labels = getattr(teacher.config, "id2label", None)
     student_labels = getattr(student.config, "id2label", None)

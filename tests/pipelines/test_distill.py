@@ -225,6 +225,46 @@ def test_distill_teacher_with_the_labels_in_another_order_gives_each_label_its_o
         distillation("[negative,neutral,positive]")
 
 
+def test_distill_student_tokenizer_that_reads_text_otherwise_is_refused_though_its_vocabulary_is_the_teachers(classification_teacher, tmp_path):
+    """Only the vocabularies were compared: a cased copy of the teacher's uncased tokenizer passed, and the teacher was
+    fed [UNK] for three of the four words of "The FILM was Superb" during the whole distillation."""
+    import json
+
+    from pipelines.distill import build_distillation_model
+
+    root, path, teacher_dir = classification_teacher
+    student_dir = random_student(tmp_path / "cased", teacher_dir)
+    tokenizer_file = student_dir / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    assert tokenizer["normalizer"]["lowercase"] is True
+    tokenizer["normalizer"]["lowercase"] = False
+    tokenizer_file.write_text(json.dumps(tokenizer))
+    settings = json.loads((student_dir / "tokenizer_config.json").read_text())
+    (student_dir / "tokenizer_config.json").write_text(json.dumps({**settings, "do_lower_case": False}))
+
+    def distillation(student_tokenizer):
+        config = distill_config(str(teacher_dir), str(path), [*PINNED, f"output_dir={tmp_path / 'student'}", "distill.init=model",
+                                                             f"model.name_or_path={student_dir}",
+                                                             f"model.tokenizer_name_or_path={student_tokenizer}"], options_for)
+        task = get_task(config.task)(config)
+        raw = task.load()
+        task.build_tokenizer(raw)
+        return build_distillation_model(task.build_model(raw), config, task)
+
+    with pytest.raises(DistillError, match=r"reads text otherwise than the teacher's .*'The FILM was Superb.*model.tokenizer_name_or_path="):
+        distillation(student_dir)
+    assert distillation(teacher_dir).student.config.num_hidden_layers == 1  # the teacher's own tokenizer: accepted
+
+
+def test_distill_num_layers_and_layers_must_agree(classification_teacher, tmp_path):
+    # The layers won: a 2-layer student asked for came out with 1, and config.yaml kept num_layers: 2.
+    root, path, teacher = classification_teacher
+    overrides = [f"output_dir={tmp_path / 's'}", "distill.layers=[1]"]
+    with pytest.raises(ConfigError, match=r"distill.num_layers=2 and distill.layers=\[1\] \(1 layers\) disagree"):
+        distill_config(str(teacher), str(path), [*overrides, "distill.num_layers=2"], options_for)
+    assert distill_config(str(teacher), str(path), [*overrides, "distill.num_layers=1"], options_for).distill.layers == [1]
+
+
 def test_distill_data_longer_than_the_teachers_positions_exits_before_training(classification_teacher, tmp_path):
     """A student of its own (init: model) with more positions than the teacher passes the student's length check;
     the teacher reads the same batches, so the run stops before step 1 naming data.max_seq_length and the teacher."""
