@@ -371,7 +371,8 @@ class DistillConfig(Section):
     alpha: float = Field(default=0.5, ge=0.0, le=1.0)
     """Weight of the soft-target loss; the task loss on the gold labels gets 1 - alpha."""
     temperature: float = Field(default=2.0, gt=0.0)
-    """Softmax temperature of both models' outputs in the soft-target loss."""
+    """Softmax temperature of both models' outputs in the soft-target loss (a regression head matches the teacher's
+    values by MSE, where it has no effect)."""
     init: Literal["teacher", "model"] = "teacher"
     """``teacher``: the student is the teacher with ``layers`` of its layers (DistilBERT's recipe);
     ``model``: the student is ``model.name_or_path`` or a from-scratch ``model.architecture``."""
