@@ -365,3 +365,25 @@ def test_cli_sweep_refuses_a_run_setting_in_the_space_before_writing(tmp_path, t
     result = run_cli("sweep", str(config), "--trials", "2", "--space", str(space), "train.resume_from_checkpoint=latest", check=False)
     assert result.returncode == 2 and "train.resume_from_checkpoint=latest" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runkeys").exists()
+
+
+def test_cli_sweep_storage_that_is_no_journal_or_a_cut_short_one_is_refused_unchanged(tmp_path, tiny_bert, sentiment_files):
+    """A user's file given as --storage gained a study record after its last line (then the sweep failed); a journal
+    whose last record a full disk cut short failed the next run with a JSON traceback, and every run after it too."""
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "journal")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("single line, no newline")
+    args = ["sweep", str(config), "--trials", "1", "--space", str(space), "train.max_steps=2", "train.eval_steps=null"]
+    result = run_cli(*args, "--storage", str(notes), check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"--storage {notes} is a file but not an Optuna journal" in result.stderr
+    assert notes.read_text() == "single line, no newline" and not (tmp_path / "journal").exists()
+
+    run_cli(*args)
+    journal = tmp_path / "journal" / "optuna.journal"
+    whole = journal.read_bytes()
+    journal.write_bytes(whole[:-20])  # the last record's end never reached the disk
+    cut = journal.read_bytes()
+    result = run_cli(*args[:2], "--trials", "2", *args[4:], check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "its last record is cut short" in result.stderr and journal.read_bytes() == cut

@@ -90,6 +90,7 @@ def run_sweep(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _check_output_dir(base, output_dir)
     _check_trials_are_this_studys(plan)
+    _check_journal_file(plan.storage)
     output_dir.mkdir(parents=True, exist_ok=True)
     study = _create_study(plan, base)
     for number in fail_dead_trials(study):
@@ -176,6 +177,38 @@ def _check_trials_are_this_studys(plan: SweepPlan) -> None:
                 f"run its trials in the same numbered folders. Give study {plan.study_name!r} its own output_dir, or "
                 f"continue {study!r} with --study {study}"
             )
+
+
+def _check_journal_file(storage: str) -> None:
+    """A journal file path (not a URL) names an Optuna journal or a new file, and its last record is whole.
+
+    Optuna appended its records to any file it was given (a user's notes gained a study after their last line) and
+    then failed; and a record cut short by a full disk or a crash failed the next run with a JSON traceback, after
+    which every run appended to the fragment and failed again."""
+    if "://" in storage:
+        return
+    path = Path(storage)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb") as journal:
+        first = journal.readline()
+        journal.seek(-1, os.SEEK_END)
+        whole = journal.read(1) == b"\n"
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "op_code" not in record:
+        raise SweepError(
+            f"--storage {storage} is a file but not an Optuna journal (its first line is no journal record); bertpipe "
+            "never writes into another file. Give a new file's path, or an earlier sweep's journal"
+        )
+    if not whole:
+        raise SweepError(
+            f"--storage {storage}: its last record is cut short (a write that never finished: a full disk or a crash), "
+            "and Optuna cannot read the journal past it. Delete the text after the file's last newline, then run the "
+            "command again to continue the study"
+        )
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
