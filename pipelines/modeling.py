@@ -158,7 +158,9 @@ def load_model(
         # interface and config, so the task's predict/postprocess code serves it unchanged.
         if not is_export_dir(model_path):
             raise ModelError(f"{model_path} holds export.json but no model.onnx; export the run again")
-        return OnnxModel(model_path)
+        # On as many threads as torch runs here, which train.torch_num_threads sets (the run's, or an override):
+        # the session took onnxruntime's own default, one per core, whatever the config said.
+        return OnnxModel(model_path, num_threads=torch.get_num_threads())
     where = f"run directory {model_path}" if model_path is not None else f"model.name_or_path={source}"
     with failures_named(ModelError, f"{where}: cannot load the model from {location}"):
         return _load_pretrained(auto_class, model, location, source, model_path=model_path, label_maps=label_maps, extra=extra)

@@ -65,6 +65,26 @@ def test_cli_export_then_predict_and_evaluate_on_the_export(setup, tmp_path):
     assert evaluated["eval_accuracy"] == pytest.approx(trained["eval_accuracy"])
 
 
+def test_cli_predict_on_an_export_runs_onnxruntime_on_the_configs_thread_count(setup, tmp_path, monkeypatch):
+    # train.torch_num_threads (the run's, or an override) reached torch's evaluations but not the onnxruntime session.
+    import torch
+
+    from pipelines import onnx_model
+
+    out = tmp_path / "onnx"
+    assert cli("export", setup["run"], "--out", out) == 0
+    opened = []
+    session = onnx_model.inference_session
+    monkeypatch.setattr(onnx_model, "inference_session",
+                        lambda path, *, num_threads=None: opened.append(num_threads) or session(path, num_threads=num_threads))
+    threads = torch.get_num_threads()
+    try:
+        assert cli("predict", out, "--input", setup["inputs"], "--output", tmp_path / "p.jsonl", "train.torch_num_threads=1") == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert opened == [1]
+
+
 def test_cli_export_bad_inputs_exit_2_naming_the_problem(setup, tmp_path, capsys):
     run = setup["run"]
     expect_error(capsys, "export", tmp_path / "nowhere", "--out", tmp_path / "o", naming=["nowhere", "does not exist"])
