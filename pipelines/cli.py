@@ -518,7 +518,8 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
     if _is_a_machines_other_process():
         return INTERRUPTED_STATUS
     resume = "; continue from the last complete checkpoint (one per train.save_steps) with train.resume_from_checkpoint=latest"
-    print(f"bertpipe {args.command}: interrupted{resume if args.command in ('train', 'distill') else ''}", file=sys.stderr)
+    way_on = {"train": resume, "distill": resume, "sweep": _WAY_ON_AFTER_A_STOP["sweep"]}.get(args.command, "")
+    print(f"bertpipe {args.command}: interrupted{way_on}", file=sys.stderr)
     return INTERRUPTED_STATUS
 
 

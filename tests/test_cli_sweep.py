@@ -188,7 +188,7 @@ def test_cli_sweep_stopped_by_sigterm_marks_its_trial_failed_and_continues_on_re
     assert sum(trial.state.name == "COMPLETE" for trial in trials) == 3 and trials[1].state.name == "FAIL"
 
 
-def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files) -> tuple[subprocess.Popen, list, list[Path]]:
+def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, **popen) -> tuple[subprocess.Popen, list, list[Path]]:
     """A sweep whose two workers are each training a long trial: (the sweep, its child processes, the trials' logs)."""
     import time
 
@@ -198,7 +198,7 @@ def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files) -> tup
     space.write_text(SPACE)
     sweep = subprocess.Popen([sys.executable, "-m", "tasks.cli", "sweep", str(config), "--trials", "2", "--space", str(space),
                               "--pruner", "none", "--workers", "2"], cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, **popen)
     logs = [tmp_path / "parent" / "trials" / name / "log.jsonl" for name in ("0000", "0001")]
     deadline = time.monotonic() + 300
     while not all(log.is_file() and log.read_text().strip() for log in logs):
@@ -240,6 +240,22 @@ def test_cli_sweep_workers_stop_their_trials_when_the_parent_is_killed(tmp_path,
     sweep.kill()
     sweep.communicate(timeout=300)
     assert_trials_stopped_and_failed(tmp_path, workers, logs)
+
+
+def test_cli_sweep_interrupted_says_the_same_command_continues_it(tmp_path, tiny_bert, sentiment_files):
+    # Ctrl-C (SIGINT to the whole process group, as a terminal sends it): "interrupted", and not how to go on.
+    import signal
+
+    sweep, workers, logs = sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, start_new_session=True)
+    os.killpg(sweep.pid, signal.SIGINT)
+    _, stderr = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.count("bertpipe sweep: interrupted; its trial is marked failed: the same command continues the study "
+                        "with a new trial\n") == 1, stderr[-3000:]
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    for process in alive:
+        process.kill()
+    assert not alive and {trial.state.name for trial in study_trials(tmp_path / "parent")} == {"FAIL"}
 
 
 @pytest.mark.parametrize("extra, needles", [
