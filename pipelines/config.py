@@ -372,7 +372,7 @@ class DistillConfig(Section):
     """Weight of the soft-target loss; the task loss on the gold labels gets 1 - alpha."""
     temperature: float = Field(default=2.0, gt=0.0)
     """Softmax temperature of both models' outputs in the soft-target loss (a regression head matches the teacher's
-    values by MSE, where it has no effect)."""
+    values by MSE, where none applies: another value is refused)."""
     init: Literal["teacher", "model"] = "teacher"
     """``teacher``: the student is the teacher with ``layers`` of its layers (DistilBERT's recipe);
     ``model``: the student is ``model.name_or_path`` or a from-scratch ``model.architecture``."""

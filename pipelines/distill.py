@@ -408,6 +408,14 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
                 f"be the same labels: set {config.task}.label_names to the teacher's"
             )
         teacher.config.id2label, teacher.config.label2id = dict(student_labels), {name: index for index, name in student_labels.items()}
+    default_temperature = type(distill).model_fields["temperature"].default
+    if getattr(student.config, "problem_type", None) == "regression" and distill.temperature != default_temperature:
+        # A regression head's targets are the teacher's values, matched by MSE: the temperature was accepted, written to
+        # config.yaml, and changed nothing (the same weights at T=1 and T=10).
+        raise DistillError(
+            f"distill.temperature={distill.temperature}: a regression head learns the teacher's values by mean squared "
+            f"error, where no temperature applies; drop distill.temperature"
+        )
     teacher_depth = teacher.config.num_hidden_layers
     if distill.init == "teacher":
         keep = teacher_layer_choice(teacher_depth, distill.num_layers, distill.layers)

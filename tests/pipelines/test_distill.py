@@ -256,6 +256,28 @@ def test_distill_student_tokenizer_that_reads_text_otherwise_is_refused_though_i
     assert distillation(teacher_dir).student.config.num_hidden_layers == 1  # the teacher's own tokenizer: accepted
 
 
+def test_distill_temperature_for_a_regression_teacher_is_refused(tmp_path, tiny_bert):
+    # Matched by MSE, a regression head ignored the temperature: T=1 and T=10 gave the same student, bit for bit.
+    from pipelines.distill import build_distillation_model
+    from tests.conftest import write_jsonl
+
+    rows = [{"sentence": row["sentence"], "label": 4.5 if row["label"] == "positive" else 0.5} for row in sentiment_rows(64, seed=4)]
+    files = {split: write_jsonl(tmp_path / f"{split}.jsonl", rows) for split in ("train", "validation")}
+    path = classification_config(tmp_path, tiny_bert, files, run_name="teacher")
+    teacher = train_config(load_config(path, [*PINNED, "train.max_steps=2"], options_for))
+
+    def distillation(*overrides):
+        config = distill_config(str(teacher), str(path), [*PINNED, f"output_dir={tmp_path / 'student'}", *overrides], options_for)
+        task = get_task(config.task)(config)
+        raw = task.load()
+        task.build_tokenizer(raw)
+        return build_distillation_model(task.build_model(raw), config, task)
+
+    with pytest.raises(DistillError, match="distill.temperature=3.0: a regression head .* drop distill.temperature"):
+        distillation("distill.temperature=3")
+    assert distillation().student.config.problem_type == "regression"
+
+
 def test_distill_num_layers_and_layers_must_agree(classification_teacher, tmp_path):
     # The layers won: a 2-layer student asked for came out with 1, and config.yaml kept num_layers: 2.
     root, path, teacher = classification_teacher
