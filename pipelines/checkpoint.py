@@ -196,12 +196,13 @@ def save_checkpoint(
     return final
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+def flatten_tree(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A config tree as ``{"train.max_steps": 8, ...}`` (an empty section stays one key)."""
     flat: dict[str, object] = {}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, dotted + "."))
+            flat.update(flatten_tree(value, dotted + "."))
         else:
             flat[dotted] = value
     return flat
@@ -238,7 +239,7 @@ def source_digests(config: dict) -> dict[str, str]:
     """A digest of the contents of each local file or folder (or list of files) a path key of ``config``, or a
     task option naming a model (``*name_or_path``), names."""
     digests = {}
-    for key, value in _flatten(config).items():
+    for key, value in flatten_tree(config).items():
         if _is_digested(key) and (digest := _content_digest(key, value)) is not None:
             digests[key] = digest
     return digests
@@ -300,7 +301,7 @@ def resume_differences(saved: dict, current: dict, *, sources: dict[str, str] | 
     path key whose value names other files with the same contents is not a difference.
     """
     sources = sources or {}
-    old, new = {key: _as_read_now(key, value) for key, value in _flatten(saved).items()}, _flatten(current)
+    old, new = {key: _as_read_now(key, value) for key, value in flatten_tree(saved).items()}, flatten_tree(current)
     tracks_best = bool(old.get("train.metric_for_best_model") or new.get("train.metric_for_best_model"))
     missing = object()
     lines = []

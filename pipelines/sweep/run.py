@@ -21,6 +21,7 @@ try:
 except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
+from pipelines.checkpoint import flatten_tree
 from pipelines.config import RunConfig
 from pipelines.config_loading import load_config, parse_override
 from pipelines.sweep.plan import (
@@ -211,22 +212,12 @@ def _check_journal_file(storage: str) -> None:
         )
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _check_same_job(plan: SweepPlan, study, base: RunConfig) -> None:
     """Refuse to continue a study with another job than the one its trials ran (the config with its overrides,
     before the search space's values): only the objective was compared, so a rerun with other overrides, an
     edited config, or another sweep sharing the storage under the same study name added its trials to the same
     study, and sweep.md named one "best" among trials of different jobs."""
-    job = json.loads(json.dumps(_flat(base.to_yaml_dict()), default=str))
+    job = json.loads(json.dumps(flatten_tree(base.to_yaml_dict()), default=str))
     recorded = study.user_attrs.get("job")
     if recorded is None:  # a study begun before the job was recorded: from now on, its job is this one
         study.set_user_attr("job", job)
