@@ -45,6 +45,7 @@ from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source, split_where
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.dropout import draw_cheap_dropout_masks
+from pipelines.first_position import last_layer_at_first_position
 from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters
@@ -149,6 +150,9 @@ def _run(
     if accelerator.device.type == "cpu":
         # torch's CPU dropout draws a double per mask element, serially (pipelines/dropout.py).
         draw_cheap_dropout_masks(model)
+    if not config.train.pack_sequences:
+        # A packed row holds several examples, each with its own first position.
+        last_layer_at_first_position(model)
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,

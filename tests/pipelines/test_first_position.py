@@ -1,0 +1,222 @@
+"""pipelines/first_position.py: the last layer of a listed sequence classifier computes position 0 only, with
+the whole forward's logits and gradients; every other model is left as it is."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    ElectraConfig,
+    ElectraForSequenceClassification,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+    XLMRobertaConfig,
+    XLMRobertaForSequenceClassification,
+)
+
+from pipelines import first_position
+from pipelines.first_position import last_layer_at_first_position
+
+SIZES = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+             max_position_embeddings=40, num_labels=3)
+FAMILIES = {
+    "bert": (BertConfig, BertForSequenceClassification, {}),
+    "roberta": (RobertaConfig, RobertaForSequenceClassification, {"pad_token_id": 1}),
+    "xlm-roberta": (XLMRobertaConfig, XLMRobertaForSequenceClassification, {"pad_token_id": 1}),
+    # ELECTRA's embeddings are narrower than its layers (projected up): the swap must not care.
+    "electra": (ElectraConfig, ElectraForSequenceClassification, {"embedding_size": 16}),
+}
+
+
+def _classifier(family: str, *, attention: str = "sdpa", hidden_dropout: float = 0.0, attention_dropout: float = 0.0,
+                layers: int = 2) -> torch.nn.Module:
+    config_class, model_class, extra = FAMILIES[family]
+    config = config_class(**{**SIZES, "num_hidden_layers": layers}, hidden_dropout_prob=hidden_dropout,
+                          attention_probs_dropout_prob=attention_dropout, attn_implementation=attention, **extra)
+    torch.manual_seed(0)
+    return model_class(config)
+
+
+def _batch(seed: int = 1) -> dict[str, torch.Tensor]:
+    """Four rows of 9 positions, two of them padded (one down to 2 positions), with labels."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, SIZES["vocab_size"], (4, 9), generator=generator)
+    attention_mask = torch.ones(4, 9, dtype=torch.long)
+    attention_mask[1, 5:] = 0
+    attention_mask[2, 2:] = 0
+    input_ids[attention_mask == 0] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.tensor([0, 1, 2, 1])}
+
+
+def _logits_and_gradients(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    outputs = model(**batch)
+    outputs.loss.backward()
+    return outputs.logits.detach(), {name: parameter.grad.clone() for name, parameter in model.named_parameters()
+                                     if parameter.grad is not None}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_first_position_gives_the_whole_forwards_logits_and_gradients(family, attention):
+    whole = _classifier(family, attention=attention).train()
+    first_only = copy.deepcopy(whole)
+    assert last_layer_at_first_position(first_only)
+    last = first_only.base_model.encoder.layer[-1]
+    assert type(last).__name__.startswith("FirstPosition")
+    assert type(first_only.base_model.encoder.layer[0]) is type(whole.base_model.encoder.layer[0])  # only the last one
+
+    batch = _batch()
+    logits, gradients = _logits_and_gradients(whole, batch)
+    seen = []
+    last.register_forward_hook(lambda module, args, output: seen.append(tuple(output.shape)))
+    first_logits, first_gradients = _logits_and_gradients(first_only, batch)
+
+    assert seen == [(4, 1, SIZES["hidden_size"])]  # the layer really computed one position
+    torch.testing.assert_close(first_logits, logits, rtol=1e-5, atol=1e-6)
+    assert first_gradients.keys() == gradients.keys()
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(first_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+    # Every parameter of the last layer still learns: the key and value projections through position 0's attention.
+    assert all(first_gradients[name].abs().sum() > 0 for name in gradients if ".layer.1." in name)
+
+
+def test_first_position_keeps_the_last_layers_attention_dropout():
+    """A one-layer model whose only dropout is the attention's: training forwards differ from seed to seed, and
+    in eval mode the swapped model gives the whole forward's logits."""
+    whole = _classifier("bert", attention_dropout=0.5, layers=1)
+    first_only = copy.deepcopy(whole)
+    assert last_layer_at_first_position(first_only)
+    batch = {key: value for key, value in _batch().items() if key != "labels"}
+    first_only.train()
+    draws = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        draws.append(first_only(**batch).logits.detach())
+    assert not torch.allclose(draws[0], draws[1])
+    torch.testing.assert_close(first_only.eval()(**batch).logits, whole.eval()(**batch).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_first_position_under_bf16_autocast_stays_within_bf16_rounding():
+    whole = _classifier("bert").train()
+    first_only = copy.deepcopy(whole)
+    last_layer_at_first_position(first_only)
+    batch = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = _logits_and_gradients(whole, batch)
+        first_logits, _ = _logits_and_gradients(first_only, batch)
+    torch.testing.assert_close(first_logits.float(), logits.float(), rtol=2e-2, atol=2e-2)
+
+
+def _untouched(model: torch.nn.Module) -> None:
+    layer_classes = [type(module) for module in model.modules()]
+    assert not last_layer_at_first_position(model)
+    assert [type(module) for module in model.modules()] == layer_classes
+
+
+def test_first_position_leaves_models_whose_heads_read_other_positions_alone():
+    config = BertConfig(**SIZES)
+    for model_class in (BertForTokenClassification, BertForQuestionAnswering):
+        _untouched(model_class(config))
+    _untouched(DistilBertForSequenceClassification(DistilBertConfig(vocab_size=120, dim=32, n_layers=2, n_heads=4, hidden_dim=64)))
+
+    class MeanPooledClassifier(BertForSequenceClassification):
+        """A subclass may read more than position 0 (here it could): only the listed classes themselves qualify."""
+
+    _untouched(MeanPooledClassifier(config))
+    _untouched(BertForSequenceClassification(BertConfig(**SIZES, is_decoder=True)))
+
+
+def test_first_position_looks_through_a_lora_wrapper():
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    whole = get_peft_model(_classifier("bert"), LoraConfig(task_type=TaskType.SEQ_CLS, r=4, target_modules=["query", "value"]))
+    for name, parameter in whole.named_parameters():
+        if "lora_B" in name:  # LoRA starts at zero; make the adapters matter
+            torch.nn.init.normal_(parameter, std=0.1)
+    first_only = copy.deepcopy(whole)
+    assert last_layer_at_first_position(first_only)
+    batch = _batch()
+    logits, gradients = _logits_and_gradients(whole.train(), batch)
+    first_logits, first_gradients = _logits_and_gradients(first_only.train(), batch)
+    torch.testing.assert_close(first_logits, logits, rtol=1e-5, atol=1e-6)
+    lora = [name for name in gradients if "lora_" in name and ".layer.1." in name]
+    assert lora
+    for name in lora:
+        torch.testing.assert_close(first_gradients[name], gradients[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_first_position_model_saves_and_loads_as_its_family(tmp_path):
+    whole = _classifier("roberta").eval()
+    first_only = copy.deepcopy(whole)
+    last_layer_at_first_position(first_only)
+    first_only.save_pretrained(tmp_path)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert type(loaded.base_model.encoder.layer[-1]) is type(whole.base_model.encoder.layer[-1])
+    assert list(loaded.state_dict()) == list(whole.state_dict())
+    batch = {key: value for key, value in _batch().items() if key != "labels"}
+    torch.testing.assert_close(loaded(**batch).logits, whole(**batch).logits)
+
+
+def test_first_position_runs_the_familys_own_forward_where_one_query_does_not_fit(monkeypatch):
+    """An attention implementation outside the rule's list: the layer computes every position, as the family does."""
+    whole = _classifier("bert").train()
+    first_only = copy.deepcopy(whole)
+    last_layer_at_first_position(first_only)
+    monkeypatch.setattr(first_position, "_ATTENTION_FOR_ONE_QUERY", ("eager",))
+    seen = []
+    first_only.bert.encoder.layer[-1].register_forward_hook(lambda module, args, output: seen.append(tuple(output.shape)))
+    batch = _batch()
+    logits, _ = _logits_and_gradients(whole, batch)
+    first_logits, _ = _logits_and_gradients(first_only, batch)
+    assert seen == [(4, 9, SIZES["hidden_size"])]
+    torch.testing.assert_close(first_logits, logits)
+
+
+def _without_dropout(tiny_bert, folder):
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_training_a_classifier_computes_its_last_layer_at_position_0_and_learns_the_same_weights(
+        tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    """The loop applies the rule (pipelines/train.py): in fp32 without dropout, a run with it and a run without
+    it end with the same weights, and both swapped exactly one layer of the run's model."""
+    from safetensors.torch import load_file
+
+    from pipelines import train as train_module
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    model_dir = _without_dropout(tiny_bert, tmp_path / "model")
+    applied = []
+
+    def run(name: str, apply: bool) -> dict[str, torch.Tensor]:
+        monkeypatch.setattr(train_module, "last_layer_at_first_position",
+                            lambda model: applied.append((name, last_layer_at_first_position(model) if apply else None)))
+        config = load_run_config(get_task, str(classification_config(tmp_path, model_dir, sentiment_files, run_name=name,
+                                                                     max_steps=6, eval_steps=3, mixed_precision="no")), [])
+        metrics = train_module.train(config, get_task(config.task)(config))
+        assert metrics["global_step"] == 6
+        return load_file(tmp_path / name / "model.safetensors")
+
+    with_rule, without_rule = run("first", True), run("whole", False)
+    assert applied == [("first", True), ("whole", None)]
+    assert with_rule.keys() == without_rule.keys()
+    for name, weight in without_rule.items():
+        torch.testing.assert_close(with_rule[name], weight, rtol=1e-4, atol=1e-5, msg=name)
