@@ -30,6 +30,7 @@ from pipelines.checkpoint import CHECKPOINTS_DIR, SOURCES_FILE, STATE_FILE, sour
 from pipelines.config import RunConfig
 from pipelines.data import load_raw, split_source, split_where
 from pipelines.errors import DataError, ModelError, OutputDirError, failures_named
+from pipelines.first_position import last_layer_at_first_position
 from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
 from pipelines.onnx_model import export_precision, is_export_dir
@@ -138,6 +139,9 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
             f"{run_dir} holds a peft adapter but task {config.task!r} did not load it through "
             "pipelines.modeling.load_model; its build_model(model_path=...) must use load_model"
         )
+    # Predict and evaluate read a sequence classifier's logits only: its last layer need not compute the
+    # positions its head never reads (pipelines/first_position.py; any other model is left as loaded).
+    last_layer_at_first_position(model)
     return accelerator, model
 
 

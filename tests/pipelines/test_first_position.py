@@ -192,10 +192,10 @@ def _without_dropout(tiny_bert, folder):
     return folder
 
 
-def test_training_a_classifier_computes_its_last_layer_at_position_0_and_learns_the_same_weights(
-        tmp_path, tiny_bert, sentiment_files, monkeypatch):
+def test_training_and_predicting_apply_the_rule_with_the_whole_forwards_results(tmp_path, tiny_bert, sentiment_files, monkeypatch):
     """The loop applies the rule (pipelines/train.py): in fp32 without dropout, a run with it and a run without
-    it end with the same weights, and both swapped exactly one layer of the run's model."""
+    it end with the same weights. Predicting a finished run applies it too (pipelines/evaluation.py), with the
+    whole forward's labels and scores."""
     from safetensors.torch import load_file
 
     from pipelines import train as train_module
@@ -220,3 +220,21 @@ def test_training_a_classifier_computes_its_last_layer_at_position_0_and_learns_
     assert with_rule.keys() == without_rule.keys()
     for name, weight in without_rule.items():
         torch.testing.assert_close(with_rule[name], weight, rtol=1e-4, atol=1e-5, msg=name)
+
+    from pipelines import evaluation
+    from pipelines.config_loading import load_config
+    from pipelines.outputs import load_saved_config
+
+    def predict(name: str, apply: bool) -> list[dict]:
+        monkeypatch.setattr(evaluation, "last_layer_at_first_position",
+                            lambda model: applied.append((name, last_layer_at_first_position(model) if apply else None)))
+        config = load_config(None, [], lambda task: get_task(task).Options, base=load_saved_config(tmp_path / "first"))
+        output = tmp_path / f"{name}.jsonl"
+        evaluation.predict_file(config, get_task(config.task)(config), str(tmp_path / "first"), str(sentiment_files["validation"]), str(output))
+        return [json.loads(line) for line in output.read_text().splitlines()]
+
+    predicted, whole = predict("predict-first", True), predict("predict-whole", False)
+    assert applied[-2:] == [("predict-first", True), ("predict-whole", None)]
+    assert len(predicted) == 37
+    assert [row["label"] for row in predicted] == [row["label"] for row in whole]
+    assert [row["score"] for row in predicted] == pytest.approx([row["score"] for row in whole], abs=1e-6)
