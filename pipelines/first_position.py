@@ -1,6 +1,6 @@
 """The last encoder layer of a BERT-style sequence classifier, computed at the one position its head reads.
 
-In:  a model about to train and evaluate.
+In:  a model about to train, or a finished run's model about to predict or evaluate.
 Out: when it is one of the sequence classifiers in ``_FIRST_POSITION_LAYERS``' families (its head reads the
      last layer's hidden state at position 0 and nothing else), the same model, its last encoder layer now
      returning that position only (``[batch, 1, hidden]``); any other model untouched. Returns whether it
