@@ -6,12 +6,13 @@ Out: when it is one of the sequence classifiers in ``_FIRST_POSITION_LAYERS``' f
      returning that position only (``[batch, 1, hidden]``); any other model untouched. Returns whether it
      changed the model.
 
-Why: BERT's pooler, and RoBERTa's, XLM-R's and ELECTRA's classification heads, read ``hidden_states[:, 0]``
-of the last layer. That layer needs keys and values at every position (position 0 attends to all of
-them), but its query, attention output, residual and LayerNorm, and feed-forward only at position 0: at
-the others they are computed, back-propagated through and thrown away. That is 5/6 of the last layer's
-matmul work (all but the key and value projections) and its elementwise work at every position but one —
-for a 6-layer MiniLM, about 14% of a training step's matmuls (docs/benchmark.md measures the step).
+Why: BERT's pooler, RoBERTa's, XLM-R's and ELECTRA's classification heads and DistilBERT's ``pre_classifier``
+read ``hidden_states[:, 0]`` of the last layer and nothing else. That layer needs keys and values at every
+position (position 0 attends to all of them), but its query, attention output, residual and LayerNorm, and
+feed-forward only at position 0: at the others they are computed, back-propagated through and thrown away.
+That is 5/6 of the last layer's matmul work (all but the key and value projections) and its elementwise work
+at every position but one — for a 6-layer MiniLM, about 14% of a training step's matmuls (docs/benchmark.md
+measures the step).
 
 Exact: the logits are the whole forward's — the same operations on the rows that are kept (a matmul over
 fewer rows may round its last bit differently), and the same gradients reach every parameter. What
@@ -31,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.models.bert.modeling_bert import BertForSequenceClassification, BertLayer, eager_attention_forward
+from transformers.models.distilbert.modeling_distilbert import DistilBertForSequenceClassification, TransformerBlock
 from transformers.models.electra.modeling_electra import ElectraForSequenceClassification, ElectraLayer
 from transformers.models.roberta.modeling_roberta import RobertaForSequenceClassification, RobertaLayer
 from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaLayer
@@ -39,30 +41,40 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 _ATTENTION_FOR_ONE_QUERY = ("sdpa", "eager")
 
 
+def _takes_one_query(attention: nn.Module, attention_mask) -> bool:
+    """Whether position 0's attention can be computed alone here (the module docstring's list of exceptions)."""
+    masked_per_query = attention_mask is not None and not (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4)
+    return attention.config._attn_implementation in _ATTENTION_FOR_ONE_QUERY and not masked_per_query
+
+
+def _first_position_context(attention: nn.Module, query: nn.Linear, key: nn.Linear, value: nn.Linear,
+                            hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, kwargs) -> torch.Tensor:
+    """Position 0's attention over every position, heads concatenated: ``[batch, 1, hidden]``, before the output projection."""
+    batch, length = hidden_states.shape[:2]
+    head_shape = (-1, attention.attention_head_size)
+    queries = query(hidden_states[:, :1]).view(batch, 1, *head_shape).transpose(1, 2)
+    keys = key(hidden_states).view(batch, length, *head_shape).transpose(1, 2)
+    values = value(hidden_states).view(batch, length, *head_shape).transpose(1, 2)
+    if attention_mask is not None and attention_mask.shape[-2] != 1:
+        attention_mask = attention_mask[:, :, :1]  # [batch, heads or 1, queries, keys]: position 0's row
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
+    context, _ = attend(attention, queries, keys, values, attention_mask,
+                        dropout=attention.dropout.p if attention.training else 0.0, scaling=attention.scaling, **kwargs)
+    return context.reshape(batch, 1, -1)
+
+
 class _FirstPositionOnly:
-    """Mixed in before a family's layer class: its forward computes position 0 only (the module docstring)."""
+    """Mixed in before a BERT-style layer class (BERT, RoBERTa, XLM-R, ELECTRA): its forward computes position 0 only."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: torch.Tensor | None = None,
                 cache=None, **kwargs) -> torch.Tensor:
         attention = self.attention.self
-        implementation = attention.config._attn_implementation
-        masked_per_query = attention_mask is not None and not (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4)
-        if cache is not None or encoder_hidden_states is not None or implementation not in _ATTENTION_FOR_ONE_QUERY or masked_per_query:
+        if cache is not None or encoder_hidden_states is not None or not _takes_one_query(attention, attention_mask):
             return super().forward(hidden_states, attention_mask, encoder_hidden_states,
                                    encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
-        first = hidden_states[:, :1]
-        batch, length = hidden_states.shape[:2]
-        head_shape = (-1, attention.attention_head_size)
-        query = attention.query(first).view(batch, 1, *head_shape).transpose(1, 2)
-        key = attention.key(hidden_states).view(batch, length, *head_shape).transpose(1, 2)
-        value = attention.value(hidden_states).view(batch, length, *head_shape).transpose(1, 2)
-        if attention_mask is not None and attention_mask.shape[-2] != 1:
-            attention_mask = attention_mask[:, :, :1]  # [batch, heads or 1, queries, keys]: position 0's row
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        context, _ = attend(attention, query, key, value, attention_mask,
-                            dropout=attention.dropout.p if attention.training else 0.0, scaling=attention.scaling, **kwargs)
-        attention_output = self.attention.output(context.reshape(batch, 1, -1), first)
+        context = _first_position_context(attention, attention.query, attention.key, attention.value, hidden_states, attention_mask, kwargs)
+        attention_output = self.attention.output(context, hidden_states[:, :1])
         return self.feed_forward_chunk(attention_output)
 
 
@@ -82,14 +94,28 @@ class FirstPositionElectraLayer(_FirstPositionOnly, ElectraLayer):
     pass
 
 
+class FirstPositionDistilBertLayer(TransformerBlock):
+    """DistilBERT's block (post-LayerNorm, projections named ``q_lin``..``out_lin``) computing position 0 only."""
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        attention = self.attention
+        if not _takes_one_query(attention, attention_mask):
+            return super().forward(hidden_states, attention_mask, **kwargs)
+        context = _first_position_context(attention, attention.q_lin, attention.k_lin, attention.v_lin, hidden_states, attention_mask, kwargs)
+        attention_output = self.sa_layer_norm(attention.out_lin(context) + hidden_states[:, :1])
+        return self.output_layer_norm(self.ffn(attention_output) + attention_output)
+
+
 # Each classifier here reads hidden_states[:, 0] of its base model's last layer and nothing else (BertPooler;
-# RobertaClassificationHead, shared by XLM-R; ElectraClassificationHead): the class, exactly, not subclasses,
-# whose heads may read more.
-_FIRST_POSITION_LAYERS: dict[type[nn.Module], tuple[type[nn.Module], type[nn.Module]]] = {
-    BertForSequenceClassification: (BertLayer, FirstPositionBertLayer),
-    RobertaForSequenceClassification: (RobertaLayer, FirstPositionRobertaLayer),
-    XLMRobertaForSequenceClassification: (XLMRobertaLayer, FirstPositionXLMRobertaLayer),
-    ElectraForSequenceClassification: (ElectraLayer, FirstPositionElectraLayer),
+# RobertaClassificationHead, shared by XLM-R; ElectraClassificationHead; DistilBERT's pre_classifier): the class,
+# exactly, not subclasses, whose heads may read more. Values: the layer class, its position-0 class, and where
+# the base model keeps its layers.
+_FIRST_POSITION_LAYERS: dict[type[nn.Module], tuple[type[nn.Module], type[nn.Module], str]] = {
+    BertForSequenceClassification: (BertLayer, FirstPositionBertLayer, "encoder"),
+    RobertaForSequenceClassification: (RobertaLayer, FirstPositionRobertaLayer, "encoder"),
+    XLMRobertaForSequenceClassification: (XLMRobertaLayer, FirstPositionXLMRobertaLayer, "encoder"),
+    ElectraForSequenceClassification: (ElectraLayer, FirstPositionElectraLayer, "encoder"),
+    DistilBertForSequenceClassification: (TransformerBlock, FirstPositionDistilBertLayer, "transformer"),
 }
 
 
@@ -101,10 +127,10 @@ def last_layer_at_first_position(model: nn.Module) -> bool:
     """
     classifier = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = _FIRST_POSITION_LAYERS.get(type(classifier))
-    if layers is None or classifier.config.is_decoder or getattr(classifier.config, "add_cross_attention", False):
+    if layers is None or getattr(classifier.config, "is_decoder", False) or getattr(classifier.config, "add_cross_attention", False):
         return False
-    family_layer, first_position_layer = layers
-    last = classifier.base_model.encoder.layer[-1]
+    family_layer, first_position_layer, stack = layers
+    last = getattr(classifier.base_model, stack).layer[-1]
     if type(last) is not family_layer:
         return False
     last.__class__ = first_position_layer

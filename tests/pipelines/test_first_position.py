@@ -17,6 +17,7 @@ from transformers import (
     BertForTokenClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
+    DistilBertForTokenClassification,
     ElectraConfig,
     ElectraForSequenceClassification,
     RobertaConfig,
@@ -36,16 +37,28 @@ FAMILIES = {
     "xlm-roberta": (XLMRobertaConfig, XLMRobertaForSequenceClassification, {"pad_token_id": 1}),
     # ELECTRA's embeddings are narrower than its layers (projected up): the swap must not care.
     "electra": (ElectraConfig, ElectraForSequenceClassification, {"embedding_size": 16}),
+    # DistilBERT names its sizes and dropouts its own way and puts LayerNorm after each block's residual.
+    "distilbert": (DistilBertConfig, DistilBertForSequenceClassification, {"seq_classif_dropout": 0.0}),
 }
+DISTILBERT_NAMES = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                    "intermediate_size": "hidden_dim", "hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "attention_dropout"}
 
 
 def _classifier(family: str, *, attention: str = "sdpa", hidden_dropout: float = 0.0, attention_dropout: float = 0.0,
                 layers: int = 2) -> torch.nn.Module:
     config_class, model_class, extra = FAMILIES[family]
-    config = config_class(**{**SIZES, "num_hidden_layers": layers}, hidden_dropout_prob=hidden_dropout,
-                          attention_probs_dropout_prob=attention_dropout, attn_implementation=attention, **extra)
+    settings = {**SIZES, "num_hidden_layers": layers, "hidden_dropout_prob": hidden_dropout,
+                "attention_probs_dropout_prob": attention_dropout}
+    if family == "distilbert":
+        settings = {DISTILBERT_NAMES.get(key, key): value for key, value in settings.items()}
+    config = config_class(**settings, attn_implementation=attention, **extra)
     torch.manual_seed(0)
     return model_class(config)
+
+
+def _layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    base = model.base_model
+    return base.transformer.layer if hasattr(base, "transformer") else base.encoder.layer
 
 
 def _batch(seed: int = 1) -> dict[str, torch.Tensor]:
@@ -73,9 +86,9 @@ def test_first_position_gives_the_whole_forwards_logits_and_gradients(family, at
     whole = _classifier(family, attention=attention).train()
     first_only = copy.deepcopy(whole)
     assert last_layer_at_first_position(first_only)
-    last = first_only.base_model.encoder.layer[-1]
+    last = _layers(first_only)[-1]
     assert type(last).__name__.startswith("FirstPosition")
-    assert type(first_only.base_model.encoder.layer[0]) is type(whole.base_model.encoder.layer[0])  # only the last one
+    assert type(_layers(first_only)[0]) is type(_layers(whole)[0])  # only the last one
 
     batch = _batch()
     logits, gradients = _logits_and_gradients(whole, batch)
@@ -89,7 +102,8 @@ def test_first_position_gives_the_whole_forwards_logits_and_gradients(family, at
     for name, gradient in gradients.items():
         torch.testing.assert_close(first_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
     # Every parameter of the last layer still learns: the key and value projections through position 0's attention.
-    assert all(first_gradients[name].abs().sum() > 0 for name in gradients if ".layer.1." in name)
+    last_layer = [name for name in gradients if ".layer.1." in name]
+    assert len(last_layer) == 16 and all(first_gradients[name].abs().sum() > 0 for name in last_layer)
 
 
 def test_first_position_keeps_the_last_layers_attention_dropout():
@@ -129,7 +143,8 @@ def test_first_position_leaves_models_whose_heads_read_other_positions_alone():
     config = BertConfig(**SIZES)
     for model_class in (BertForTokenClassification, BertForQuestionAnswering):
         _untouched(model_class(config))
-    _untouched(DistilBertForSequenceClassification(DistilBertConfig(vocab_size=120, dim=32, n_layers=2, n_heads=4, hidden_dim=64)))
+    distilbert = DistilBertConfig(vocab_size=120, dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+    _untouched(DistilBertForTokenClassification(distilbert))
 
     class MeanPooledClassifier(BertForSequenceClassification):
         """A subclass may read more than position 0 (here it could): only the listed classes themselves qualify."""
@@ -163,7 +178,7 @@ def test_first_position_model_saves_and_loads_as_its_family(tmp_path):
     last_layer_at_first_position(first_only)
     first_only.save_pretrained(tmp_path)
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
-    assert type(loaded.base_model.encoder.layer[-1]) is type(whole.base_model.encoder.layer[-1])
+    assert type(_layers(loaded)[-1]) is type(_layers(whole)[-1])
     assert list(loaded.state_dict()) == list(whole.state_dict())
     batch = {key: value for key, value in _batch().items() if key != "labels"}
     torch.testing.assert_close(loaded(**batch).logits, whole(**batch).logits)
