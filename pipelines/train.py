@@ -45,9 +45,9 @@ from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source, split_where
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.dropout import draw_cheap_dropout_masks
-from pipelines.first_position import last_layer_at_first_position
 from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
+from pipelines.first_position import last_layer_at_first_position
 from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
