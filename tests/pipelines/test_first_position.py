@@ -252,4 +252,5 @@ def test_training_and_predicting_apply_the_rule_with_the_whole_forwards_results(
     assert applied[-2:] == [("predict-first", True), ("predict-whole", None)]
     assert len(predicted) == 37
     assert [row["label"] for row in predicted] == [row["label"] for row in whole]
-    assert [row["score"] for row in predicted] == pytest.approx([row["score"] for row in whole], abs=1e-6)
+    # Scores are written to 6 decimals: a last-bit difference may round the sixth either way.
+    assert [row["score"] for row in predicted] == pytest.approx([row["score"] for row in whole], abs=1.5e-6)
