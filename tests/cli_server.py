@@ -12,7 +12,8 @@ environment, standard streams and exit status, so what a test checks is what a u
 with the server is only what importing the libraries did, which a fresh interpreter does the same way, with
 one condition: some libraries read environment variables once, at import (huggingface_hub's offline switch,
 torch's thread settings). The server therefore runs only commands whose environment is the one it was
-started with; any other (``env=cli_env(HF_TOKEN=...)``) goes to a fresh interpreter. Nothing computes in the
+started with, up to the variables only bertpipe reads, and only when a command runs (``CALL_TIME_VARIABLES``);
+any other (``env=cli_env(HF_TOKEN=...)``) goes to a fresh interpreter. Nothing computes in the
 server before it forks (an OpenMP pool does not survive a fork), and it has no threads but the idle ones
 numpy's OpenBLAS and pyarrow's jemalloc start, both of which handle fork themselves.
 
@@ -36,6 +37,9 @@ OFF_VARIABLE = "BERTPIPE_TEST_FRESH_INTERPRETERS"
 # (imported already, runpy warns on stderr).
 WARM_MODULES = ("torch", "transformers", "datasets", "accelerate", "evaluate", "peft", "sklearn", "tasks", "pipelines.cli")
 POLL_S = 0.02
+# Read by bertpipe when a command runs (pipelines.runtime.native_bf16), never by a library at import: the child
+# takes the command's value with its environment, so a command that differs from the server only here is served.
+CALL_TIME_VARIABLES = frozenset({"BERTPIPE_NATIVE_BF16"})
 
 
 # ---- the server (``python -m tests.cli_server``) ----
@@ -132,11 +136,17 @@ class _Server:
             raise RuntimeError(f"the test CLI server did not start (exit status {self.process.wait()})")
         self.lock = threading.Lock()
 
-    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    def serves(self, env: dict[str, str]) -> bool:
+        def imported_with(variables: dict[str, str]) -> dict[str, str]:
+            return {key: value for key, value in variables.items() if key not in CALL_TIME_VARIABLES}
+
+        return imported_with(env) == imported_with(self.env)
+
+    def run(self, args: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         with tempfile.TemporaryDirectory(prefix="bertpipe-cli-") as folder, self.lock:
             stdout, stderr = Path(folder) / "stdout", Path(folder) / "stderr"
             stdout.touch(), stderr.touch()
-            request = dict(args=args, env=self.env, cwd=str(self.cwd), stdout=str(stdout), stderr=str(stderr), timeout=timeout)
+            request = dict(args=args, env=env or self.env, cwd=str(self.cwd), stdout=str(stdout), stderr=str(stderr), timeout=timeout)
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             answer = self.process.stdout.readline()
@@ -163,16 +173,17 @@ _servers: dict[int, _Server] = {}
 
 def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float, *, server_env: dict[str, str]) -> subprocess.CompletedProcess | None:
     """``python -m tasks.cli ARGS`` as a fork of this worker's server, which runs in ``server_env``; None when
-    a fresh interpreter must run it (the server is off, or ``env`` or ``cwd`` are not the server's)."""
+    a fresh interpreter must run it (the server is off, ``env`` differs from the server's beyond
+    ``CALL_TIME_VARIABLES``, or ``cwd`` is not the server's)."""
     if os.environ.get(OFF_VARIABLE) == "1":
         return None
     server = _servers.get(os.getpid())
     if server is None:
         server = _servers[os.getpid()] = _Server(dict(server_env), Path(cwd))
         atexit.register(server.close)
-    if env != server.env or Path(cwd) != server.cwd:
+    if not server.serves(env) or Path(cwd) != server.cwd:
         return None
-    return server.run([str(arg) for arg in args], timeout)
+    return server.run([str(arg) for arg in args], timeout, env)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,15 @@ import torch
 from tests.conftest import REPO_ROOT, classification_config, cli_env
 
 # scripts/train.py, plus a record of the process group each process ran in (written after training, from
-# Accelerate's PartialState and the variables torchrun sets per node).
-RECORDING_TRAIN_SCRIPT = f"""
+# Accelerate's PartialState and the variables torchrun sets per node); with PROBE set, LATE_COLLECTIVE_PROBE too.
+def recording_train_script(probe: bool = False) -> str:
+    return f"""
 import json, os, sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
+{LATE_COLLECTIVE_PROBE if probe else ""}
 from tasks.cli import main
 code = main(["train", *sys.argv[1:]])
+{LATE_COLLECTIVE_RECORD if probe else ""}
 from accelerate.state import PartialState
 state = PartialState()
 record = {{"process_index": state.process_index, "local_process_index": state.local_process_index,
@@ -36,6 +39,7 @@ with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{state.process_index}}.j
     json.dump(record, handle)
 sys.exit(code)
 """
+
 
 # scripts/train.py, recording the process group each process was started in before anything can fail, with a
 # mistyped key on every rank (FAILING_RANK=all) or on one rank alone.
@@ -63,16 +67,6 @@ if os.environ.get("STOP_AT_STEP"):
     StopSignals.agreed = agreed_after_a_signal_to_rank_1
 """
 
-# scripts/train.py, with SIGNAL_TO_RANK_1.
-SIGNALLED_TRAIN_SCRIPT = f"""
-import os, signal, sys
-sys.path.insert(0, {str(REPO_ROOT)!r})
-{SIGNAL_TO_RANK_1}
-from tasks.cli import main
-sys.exit(main(["train", *sys.argv[1:]]))
-"""
-
-
 # scripts/train.py, with rank 1 alone measuring that padding changes the model's outputs (as a change right at
 # the tolerance could, rounding differently per process), and each rank's eval batch size recorded.
 PROBE_DISAGREEING_TRAIN_SCRIPT = f"""
@@ -91,15 +85,13 @@ from tasks.cli import main
 sys.exit(main(["train", *sys.argv[1:]]))
 """
 
-# scripts/train.py, leaving the run's last collective in flight as rank 0 ends the run (rank 1 joins it 4 s late),
-# with a thread on rank 0 ticking every 5 ms: a tick that waits for seconds means the GIL was held meanwhile.
-# Recorded: the world size, the longest wait between ticks, and the gloo worker threads left after the run.
-# With STOP_AT_STEP, SIGNAL_TO_RANK_1 stops the run at that step.
-LATE_LAST_COLLECTIVE_TRAIN_SCRIPT = f"""
-import json, os, signal, sys, threading, time
-sys.path.insert(0, {str(REPO_ROOT)!r})
+# Leaves the run's last collective in flight as rank 0 ends the run (rank 1 joins it 4 s late), with a thread on
+# rank 0 ticking every 5 ms: a tick that waits for seconds means the GIL was held meanwhile. LATE_COLLECTIVE_RECORD
+# then writes gil-RANK.json: the world size, the longest wait between ticks, and the gloo worker threads left after
+# the run. The probe runs after everything is written, so it rides on runs that check other things.
+LATE_COLLECTIVE_PROBE = """
+import threading, time
 import torch, torch.distributed as dist
-{SIGNAL_TO_RANK_1}
 from accelerate import Accelerator
 end_training, ticks, world = Accelerator.end_training, [], []
 def tick():
@@ -117,21 +109,33 @@ def end_training_with_a_collective_in_flight(self):
         threading.Thread(target=tick, daemon=True).start()
     end_training(self)
 Accelerator.end_training = end_training_with_a_collective_in_flight
-from tasks.cli import main
-code = main(["train", *sys.argv[1:]])
+"""
+LATE_COLLECTIVE_RECORD = """
 ended = time.perf_counter()
 def gloo_threads():
     names = []
     for thread in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{{thread}}/comm") as handle:
+        with open(f"/proc/self/task/{thread}/comm") as handle:
             names.append(handle.read().strip())
     return names.count("pt_gloo_runloop")
 waits = [later - earlier for earlier, later in zip(ticks, ticks[1:] + [ended])]
-with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{os.environ['RANK']}}.json"), "w") as handle:
-    json.dump({{"world_size": world[0] if world else None, "longest_wait": max(waits, default=None), "gloo_threads": gloo_threads()}}, handle)
-sys.exit(code)
+with open(os.path.join(os.environ["RANKS_DIR"], f"gil-{os.environ['RANK']}.json"), "w") as handle:
+    json.dump({"world_size": world[0] if world else None, "longest_wait": max(waits, default=None), "gloo_threads": gloo_threads()}, handle)
 """
 
+
+def signalled_train_script(probe: bool = False) -> str:
+    """scripts/train.py, with SIGNAL_TO_RANK_1; with ``probe``, LATE_COLLECTIVE_PROBE too."""
+    return f"""
+import json, os, signal, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+{SIGNAL_TO_RANK_1}
+{LATE_COLLECTIVE_PROBE if probe else ""}
+from tasks.cli import main
+code = main(["train", *sys.argv[1:]])
+{LATE_COLLECTIVE_RECORD if probe else ""}
+sys.exit(code)
+"""
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -214,12 +218,15 @@ def ranks_of(folder: Path) -> list[dict]:
 def runs(tmp_path_factory, tiny_bert, sentiment_files) -> dict[str, Path]:
     """The same config (fp32 pinned: weights are compared) on one machine x 2 processes and 2 machines x 1."""
     tmp_path = tmp_path_factory.mktemp("ddp")
-    script = tmp_path / "train_and_record.py"
-    script.write_text(RECORDING_TRAIN_SCRIPT)
+    script, probed_script = tmp_path / "train_and_record.py", tmp_path / "train_record_and_probe.py"
+    script.write_text(recording_train_script())
+    probed_script.write_text(recording_train_script(probe=True))
     train = dict(num_epochs=2, eval_steps=6, mixed_precision="no", torch_num_threads=1)
     one = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="one_machine", **train)
-    finish(launch(script, one, tmp_path / "one_machine_ranks", "--num_processes", "2", "--num_machines", "1",
-                  "--main_process_port", str(free_port())))
+    process = launch(probed_script, one, tmp_path / "one_machine_ranks", "--num_processes", "2", "--num_machines", "1",
+                     "--main_process_port", str(free_port()))
+    stderr = ended(process, timeout=180)  # the deadlock the probe looks for never ends
+    assert process.returncode == 0, stderr[-4000:]
     two = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="two_machines", **train)
     port = str(free_port())
     machines = [
@@ -302,17 +309,19 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
     from safetensors.torch import load_file
 
     script = tmp_path / "train_signalled.py"
-    script.write_text(SIGNALLED_TRAIN_SCRIPT)
+    script.write_text(signalled_train_script(probe=True))
     config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="stopped", num_epochs=2, eval_steps=6,
                                    mixed_precision="no", torch_num_threads=1)
     process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
                      "--main_process_port", str(free_port()), STOP_AT_STEP="4")
-    stderr = ended(process)
+    stderr = ended(process, timeout=180)  # the deadlock the probe looks for never ends
     assert process.returncode != 0
     checkpoint = tmp_path / "stopped" / "checkpoints" / "step-00000004"
     assert stderr.count(f"bertpipe train: stopped by SIGTERM at step 4 of 12; checkpoint {checkpoint} is complete") == 1, stderr[-4000:]
     assert [path.name for path in checkpoint.parent.iterdir()] == [checkpoint.name]
     assert not (tmp_path / "stopped" / "metrics.json").exists()
+    # Stopped, rank 1 records after its delay, and the launcher ends it first once rank 0 has exited non-zero.
+    assert_group_ended_without_holding_the_gil(probes_of(tmp_path / "ranks")[:1])
 
     finish(subprocess.Popen(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -369,30 +378,25 @@ def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentime
     assert process.returncode != 0 and "exitcode  : 2" in stderr, stderr[-4000:]
 
 
-@pytest.mark.parametrize("stop_at_step", [None, 3], ids=["finished", "stopped by a signal"])
-def test_cli_two_process_run_ends_its_process_group_without_holding_the_gil(tmp_path, tiny_bert, sentiment_files, stop_at_step):
+def probes_of(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("gil-*.json"))]
+
+
+def assert_group_ended_without_holding_the_gil(probes: list[dict]) -> None:
     """A two-process run hung after writing everything, about once in thirty: DDP's Reducer held the process
     group's last reference, and freeing it joined gloo's workers with the GIL held while a worker, freeing
     the last collective's tensors, waited for the GIL. The run now ends its group itself, GIL released:
-    with a collective still in flight at the end, rank 0 keeps running Python while it waits for it. A run
-    that stops on a signal ends the same way (its group was left to the interpreter's exit before)."""
-    script = tmp_path / "train_with_a_late_collective.py"
-    script.write_text(LATE_LAST_COLLECTIVE_TRAIN_SCRIPT)
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, num_epochs=1, mixed_precision="no", torch_num_threads=1)
-    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-                     **({"STOP_AT_STEP": str(stop_at_step)} if stop_at_step else {}))
-    stderr = ended(process, timeout=180)  # the deadlock it was never ends
-    if stop_at_step is None:
-        assert process.returncode == 0, stderr[-4000:]
-    else:
-        assert f"bertpipe train: stopped by SIGTERM at step {stop_at_step} of " in stderr, stderr[-4000:]
-        assert not (tmp_path / "run" / "metrics.json").exists()
-    # Stopped, rank 1 reports after a delay, and the launcher ends it first once rank 0 has exited non-zero.
-    ranks = ranks_of(tmp_path / "ranks")[: 2 if stop_at_step is None else 1]
-    assert [rank["world_size"] for rank in ranks] == [2] * len(ranks)
-    assert [rank["gloo_threads"] for rank in ranks] == [0] * len(ranks)  # the group ended inside the run, not at exit
+    with a collective still in flight at the end (LATE_COLLECTIVE_PROBE), rank 0 keeps running Python while
+    it waits for it. A run that stops on a signal ends the same way (its group was left to the interpreter's
+    exit before). Checked on the fixture's finished run and on the run stopped by a signal."""
+    assert probes and [probe["world_size"] for probe in probes] == [2] * len(probes), probes
+    assert [probe["gloo_threads"] for probe in probes] == [0] * len(probes)  # the group ended inside the run, not at exit
     # Held for the 4 s the in-flight collective took, the GIL would stop the ticks that long (or for ever).
-    assert ranks[0]["longest_wait"] < 2.0, ranks[0]
+    assert probes[0]["longest_wait"] < 2.0, probes[0]
+
+
+def test_cli_two_process_run_ends_its_process_group_without_holding_the_gil(runs):
+    assert_group_ended_without_holding_the_gil(probes_of(runs["one_ranks"]))
 
 
 def task_config(task: str, folder: Path) -> tuple[Path, Path | None]:
@@ -519,7 +523,7 @@ def test_cli_two_processes_train_what_one_process_trains_on_their_joint_batches(
 
 # scripts/train.py, rank 1 sending SIGTERM to the launcher (its parent) as STOP_AT_STEP ends: the launcher passes it on
 # to every process and waits out its grace period.
-SIGNAL_TO_LAUNCHER_SCRIPT = SIGNALLED_TRAIN_SCRIPT.replace("os.kill(os.getpid(), signal.SIGTERM)", "os.kill(os.getppid(), signal.SIGTERM)")
+SIGNAL_TO_LAUNCHER_SCRIPT = signalled_train_script().replace("os.kill(os.getpid(), signal.SIGTERM)", "os.kill(os.getppid(), signal.SIGTERM)")
 
 
 def test_cli_two_process_run_stopped_through_the_launcher_says_so_once(tmp_path, tiny_bert, sentiment_files):

@@ -3,6 +3,7 @@ status, stdout and stderr, in a process of its own with the command's environmen
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +41,22 @@ def test_cli_server_leaves_another_environment_to_a_fresh_interpreter():
     # huggingface_hub reads HF_TOKEN and its offline switch at import: a server started without them cannot stand in.
     assert warm("--version", env=cli_env(HF_TOKEN="hf_x")) is None
     assert warm("--version") is not None
+
+
+def test_cli_server_runs_a_command_in_its_own_value_of_a_variable_read_only_when_it_runs(tmp_path):
+    # BERTPIPE_NATIVE_BF16 decides what `auto` precision is: a command told 1 must train in bf16, one told 0 in fp32,
+    # whatever the server was started with.
+    from tests.conftest import build_tiny_bert, classification_config, sentiment_rows, write_jsonl
+
+    files = {split: write_jsonl(tmp_path / f"{split}.jsonl", sentiment_rows(16, seed)) for split, seed in (("train", 1), ("validation", 2))}
+    config = classification_config(tmp_path, build_tiny_bert(tmp_path / "model"), files, max_steps=1, eval_steps=None,
+                                   mixed_precision="auto")
+    precisions = {}
+    for value in ("1", "0"):
+        answered = warm("train", str(config), "overwrite=true", env=cli_env(BERTPIPE_NATIVE_BF16=value))
+        assert answered is not None and answered.returncode == 0, answered and answered.stderr[-3000:]
+        precisions[value] = json.loads((tmp_path / "run" / "metrics.json").read_text())["mixed_precision"]
+    assert precisions == {"1": "bf16", "0": "no"}
 
 
 def test_cli_server_kills_a_command_past_its_timeout_and_answers_the_next():

@@ -245,14 +245,15 @@ def test_families_edge_export_of_funnel_whose_graph_torch_fixes_to_the_sample_sh
     monkeypatch.setattr(logging, "raiseExceptions", False)
     files, _ = _task_data("classification", tmp_path)
     run = train(tmp_path, "classification", family_checkpoint("funnel"), files, train="  max_steps: 1")
-    for samples in ("1", "4"):
-        capsys.readouterr()
-        assert main(["export", str(run), "--out", str(tmp_path / "export"), "--parity-samples", samples]) == 2, samples
-        err = capsys.readouterr().err
-        assert "Traceback" not in err
-        assert ("bertpipe export: error: the funnel model of this run cannot be exported to ONNX: the exported graph has fixed "
-                "shapes (input_ids [") in err, err[-2000:]
-        assert not (tmp_path / "export").exists() and not list(tmp_path.glob(".export-*"))
+    # One parity example: the case that passed unnoticed (the graph is checked before any parity input reaches it,
+    # and a graph onnxruntime cannot run on the parity inputs has its own test in tests/pipelines/test_export.py).
+    capsys.readouterr()
+    assert main(["export", str(run), "--out", str(tmp_path / "export"), "--parity-samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert ("bertpipe export: error: the funnel model of this run cannot be exported to ONNX: the exported graph has fixed "
+            "shapes (input_ids [") in err, err[-2000:]
+    assert not (tmp_path / "export").exists() and not list(tmp_path.glob(".export-*"))
 
 
 def test_families_edge_distill_albert_student_runs_the_teachers_weight_groups():
