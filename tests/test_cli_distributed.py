@@ -306,7 +306,11 @@ def test_cli_two_machines_train_what_one_machine_with_two_processes_trains(runs)
 def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_uninterrupted_weights(
     runs, tmp_path, tiny_bert, sentiment_files
 ):
+    """A SIGTERM to one process stops both at the same step with one complete checkpoint; one process refuses to
+    resume it, changing nothing, and two processes resume it to the uninterrupted run's weights."""
     from safetensors.torch import load_file
+
+    from tests.conftest import run_cli
 
     script = tmp_path / "train_signalled.py"
     script.write_text(signalled_train_script(probe=True))
@@ -322,6 +326,15 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
     assert not (tmp_path / "stopped" / "metrics.json").exists()
     # Stopped, rank 1 records after its delay, and the launcher ends it first once rank 0 has exited non-zero.
     assert_group_ended_without_holding_the_gil(probes_of(tmp_path / "ranks")[:1])
+
+    # One process may not resume it: the step counters count per-process batches, so one process skipped half the
+    # data already trained on, re-planned the run and ended at step 18 of a 12-step run, with exit status 0.
+    before = {path: path.read_bytes() for path in sorted((tmp_path / "stopped").rglob("*")) if path.is_file()}
+    refused = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert f"checkpoint {checkpoint} was written by a run of 2 processes, and this run has 1" in refused.stderr
+    assert "--num_processes 2" in refused.stderr
+    assert {path: path.read_bytes() for path in sorted((tmp_path / "stopped").rglob("*")) if path.is_file()} == before
 
     finish(subprocess.Popen(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",

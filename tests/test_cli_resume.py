@@ -265,33 +265,6 @@ def test_cli_resume_of_masked_lm_pretraining_draws_the_masks_it_would_have(tmp_p
         assert (tensor - expected[name]).abs().max().item() <= 1e-6, name
 
 
-def test_cli_resume_of_a_two_process_checkpoint_by_one_process_is_refused_before_anything_changes(tmp_path, tiny_bert, sentiment_files):
-    """Its step counters count per-process batches: one process skipped half the data already trained on,
-    re-planned the run and ended at step 18 of a 12-step run, with exit status 0."""
-    from tests.test_cli_distributed import free_port
-
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="two", max_steps=4, save_steps=2, eval_steps=None,
-                                   mixed_precision="no", torch_num_threads=1)
-    launched = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
-         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
-         str(config)],
-        cwd=REPO_ROOT, env=cli_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600, check=False,
-    )
-    assert launched.returncode == 0, launched.stderr[-4000:]
-    run_dir = tmp_path / "two"
-    (run_dir / "metrics.json").unlink()  # unfinished: a finished run has nothing to resume
-    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
-    checkpoint = run_dir / "checkpoints" / "step-00000004"
-
-    result = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    assert f"checkpoint {checkpoint} was written by a run of 2 processes, and this run has 1" in result.stderr
-    assert "--num_processes 2" in result.stderr
-    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
-
-
 def test_cli_resume_on_training_data_edited_since_the_checkpoint_is_refused_before_anything_changes(tmp_path, tiny_bert, sentiment_files):
     """The config names the same file, so the settings check saw nothing: the run resumed on other rows, exit 0."""
     import shutil
