@@ -21,7 +21,7 @@ import torch
 from tests.conftest import REPO_ROOT, classification_config, cli_env
 
 # scripts/train.py, plus a record of the process group each process ran in (written after training, from
-# Accelerate's PartialState and the variables torchrun sets per node); with PROBE set, LATE_COLLECTIVE_PROBE too.
+# Accelerate's PartialState and the variables torchrun sets per node); with ``probe``, LATE_COLLECTIVE_PROBE too.
 def recording_train_script(probe: bool = False) -> str:
     return f"""
 import json, os, sys
@@ -136,6 +136,7 @@ code = main(["train", *sys.argv[1:]])
 {LATE_COLLECTIVE_RECORD if probe else ""}
 sys.exit(code)
 """
+
 
 def free_port() -> int:
     with socket.socket() as probe:
