@@ -2,9 +2,14 @@
 a fresh child for each command, so a CLI test pays a fork (milliseconds) instead of an interpreter start
 and the torch/transformers/datasets imports (4-5 s on 2 cores, ~110 times a suite).
 
-In:  :func:`run` — a command's arguments, its environment, its working folder and a timeout.
-Out: a ``subprocess.CompletedProcess`` as ``python -m tasks.cli ARGS`` would give it (exit status, stdout,
-     stderr), or ``subprocess.TimeoutExpired``; ``None`` when the server cannot run this command as a fresh
+In:  :func:`run` — a command's arguments, its environment, its working folder and a timeout; :func:`start` the
+     same without the timeout, for a command the test signals while it runs. Either may name a ``script`` (the
+     source of a ``python -c SCRIPT ARGS``, which patches something and calls the CLI) instead of ``-m tasks.cli``,
+     a new session (``start_new_session``) and, for :func:`start`, Ctrl-C's default action (a terminal's child).
+Out: from :func:`run`, a ``subprocess.CompletedProcess`` as ``python -m tasks.cli ARGS`` would give it (exit
+     status, stdout, stderr), or ``subprocess.TimeoutExpired``; from :func:`start`, a :class:`ServedProcess`,
+     the part of ``subprocess.Popen`` the tests use (``pid``, ``poll``, ``wait``, ``communicate``,
+     ``send_signal``, ``kill``, ``returncode``). ``None`` when the server cannot run this command as a fresh
      interpreter would, and the caller starts one.
 
 The child is a real process that runs ``tasks.cli`` as ``__main__`` with its own working folder,
@@ -25,6 +30,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,13 +51,20 @@ CALL_TIME_VARIABLES = frozenset({"BERTPIPE_NATIVE_BF16"})
 # ---- the server (``python -m tests.cli_server``) ----
 
 def _run_child(request: dict) -> None:
-    """In the forked child: become ``python -m tasks.cli ARGS`` in the request's folder and environment."""
+    """In the forked child: become ``python -m tasks.cli ARGS`` (``python -c SCRIPT ARGS``) in the request's folder,
+    environment and session."""
     import atexit as child_atexit
     import runpy
     import traceback
 
-    status = 1
+    status, ended_by = 1, None
     try:
+        if request["new_session"]:
+            os.setsid()
+        if request["sigint_default"]:
+            # What Python installs at start when SIGINT is not ignored; the server's is when pytest runs in a
+            # shell's background (`pytest &`), and a fork keeps it.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -59,9 +72,13 @@ def _run_child(request: dict) -> None:
             opened = os.open(path, flags)
             os.dup2(opened, fd)
             os.close(opened)
-        sys.argv = [str(Path(request["cwd"]) / "tasks" / "cli.py"), *request["args"]]
         try:
-            runpy.run_module("tasks.cli", run_name="__main__", alter_sys=True)
+            if request["script"] is None:
+                sys.argv = [str(Path(request["cwd"]) / "tasks" / "cli.py"), *request["args"]]
+                runpy.run_module("tasks.cli", run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = ["-c", *request["args"]]
+                exec(compile(request["script"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
             status = 0
         except SystemExit as exit_:
             # As the interpreter treats it: None is success, an int the status, anything else a message.
@@ -72,6 +89,9 @@ def _run_child(request: dict) -> None:
             else:
                 print(exit_.code, file=sys.stderr)
                 status = 1
+        except KeyboardInterrupt:  # the interpreter ends itself by SIGINT then: the caller sees -2 (130 in a shell)
+            traceback.print_exc()
+            ended_by = signal.SIGINT
         except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
             traceback.print_exc()
             status = 1
@@ -82,6 +102,9 @@ def _run_child(request: dict) -> None:
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream; the status still goes out
                 pass
+        if ended_by is not None:
+            signal.signal(ended_by, signal.SIG_DFL)
+            os.kill(os.getpid(), ended_by)
         os._exit(status & 0xFF)
 
 
@@ -111,16 +134,37 @@ def serve() -> None:
     os.dup2(quiet, 1)
     os.close(quiet)
     print(json.dumps({"ready": True}), file=answers, flush=True)
+    started: dict[int, int | None] = {}  # a command started in the background: its exit status once it has ended
     for line in sys.stdin:
         request = json.loads(line)
+        if "poll" in request:
+            print(json.dumps({"returncode": _poll(started, request["poll"])}), file=answers, flush=True)
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             answers.close()
             _run_child(request)
+        if request["timeout"] is None:
+            started[pid] = None
+            print(json.dumps({"pid": pid}), file=answers, flush=True)
+            continue
         returncode, timed_out = _wait(pid, request["timeout"])
         print(json.dumps({"returncode": returncode, "timed_out": timed_out}), file=answers, flush=True)
+    for pid in started:  # the tests are over: nothing they started outlives them
+        if _poll(started, pid) is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def _poll(started: dict[int, int | None], pid: int) -> int | None:
+    """The exit status of a command started in the background once it has ended (the same when asked again)."""
+    if started[pid] is None:
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            started[pid] = os.waitstatus_to_exitcode(wait_status)
+    return started[pid]
 
 
 # ---- the client (the pytest worker) ----
@@ -142,22 +186,31 @@ class _Server:
 
         return imported_with(env) == imported_with(self.env)
 
-    def run(self, args: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def ask(self, request: dict) -> dict:
+        """One request, its answer; a run's answer comes when the command has ended."""
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the test CLI server ended (exit status {self.process.wait()})")
+        return json.loads(answer)
+
+    def request(self, args: list[str], env: dict[str, str] | None, folder: Path, timeout: float | None, *,
+                script: str | None = None, new_session: bool = False, sigint_default: bool = False) -> dict:
+        stdout, stderr = folder / "stdout", folder / "stderr"
+        stdout.touch(), stderr.touch()
+        return dict(args=args, env=env or self.env, cwd=str(self.cwd), stdout=str(stdout), stderr=str(stderr), timeout=timeout,
+                    script=script, new_session=new_session, sigint_default=sigint_default)
+
+    def run(self, args: list[str], timeout: float, env: dict[str, str] | None = None, *, script: str | None = None,
+            new_session: bool = False) -> subprocess.CompletedProcess:
         with tempfile.TemporaryDirectory(prefix="bertpipe-cli-") as folder, self.lock:
-            stdout, stderr = Path(folder) / "stdout", Path(folder) / "stderr"
-            stdout.touch(), stderr.touch()
-            request = dict(args=args, env=env or self.env, cwd=str(self.cwd), stdout=str(stdout), stderr=str(stderr), timeout=timeout)
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            answer = self.process.stdout.readline()
-            if not answer:
-                raise RuntimeError(f"the test CLI server ended (exit status {self.process.wait()})")
-            answer = json.loads(answer)
-            out, err = (path.read_text(encoding="utf-8", errors="replace") for path in (stdout, stderr))
-        command = [sys.executable, "-m", "tasks.cli", *args]
+            answer = self.ask(self.request(args, env, Path(folder), timeout, script=script, new_session=new_session))
+            out, err = _outputs(Path(folder))
+        argv = command(args, script)
         if answer["timed_out"]:
-            raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err)
-        return subprocess.CompletedProcess(command, answer["returncode"], out, err)
+            raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err)
+        return subprocess.CompletedProcess(argv, answer["returncode"], out, err)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -168,13 +221,64 @@ class _Server:
                 self.process.kill()
 
 
+def command(args: list[str], script: str | None = None) -> list[str]:
+    """The fresh interpreter's command line for the same command."""
+    return [sys.executable, *(["-m", "tasks.cli"] if script is None else ["-c", script]), *args]
+
+
+def _outputs(folder: Path) -> tuple[str, str]:
+    return tuple(path.read_text(encoding="utf-8", errors="replace") for path in (folder / "stdout", folder / "stderr"))
+
+
+class ServedProcess:
+    """A command started in the background by the server: what a test does with a ``subprocess.Popen`` of it.
+
+    Its output is read once it has ended (``communicate``), as the tests do; signals go to its pid directly."""
+
+    def __init__(self, server: _Server, args: list[str], env: dict[str, str], script: str | None, new_session: bool,
+                 sigint_default: bool):
+        self.server, self.args = server, command(args, script)
+        self.folder = tempfile.TemporaryDirectory(prefix="bertpipe-cli-")
+        with server.lock:
+            answer = server.ask(server.request(args, env, Path(self.folder.name), None, script=script, new_session=new_session,
+                                               sigint_default=sigint_default))
+        self.pid: int = answer["pid"]
+        self.returncode: int | None = None
+        self.output: tuple[str, str] | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with self.server.lock:
+                self.returncode = self.server.ask({"poll": self.pid})["returncode"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(POLL_S)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        if self.output is None:
+            self.output = _outputs(Path(self.folder.name))
+            self.folder.cleanup()
+        return self.output
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:  # as Popen: never a signal to a pid that may since belong to another process
+            os.kill(self.pid, number)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 _servers: dict[int, _Server] = {}
 
 
-def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float, *, server_env: dict[str, str]) -> subprocess.CompletedProcess | None:
-    """``python -m tasks.cli ARGS`` as a fork of this worker's server, which runs in ``server_env``; None when
-    a fresh interpreter must run it (the server is off, ``env`` differs from the server's beyond
-    ``CALL_TIME_VARIABLES``, or ``cwd`` is not the server's)."""
+def _server_for(env: dict[str, str], cwd: Path, server_env: dict[str, str]) -> _Server | None:
     if os.environ.get(OFF_VARIABLE) == "1":
         return None
     server = _servers.get(os.getpid())
@@ -183,7 +287,27 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float, *, serv
         atexit.register(server.close)
     if not server.serves(env) or Path(cwd) != server.cwd:
         return None
-    return server.run([str(arg) for arg in args], timeout, env)
+    return server
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float, *, server_env: dict[str, str], script: str | None = None,
+        new_session: bool = False) -> subprocess.CompletedProcess | None:
+    """``python -m tasks.cli ARGS`` (or ``python -c SCRIPT ARGS``) as a fork of this worker's server, which runs in
+    ``server_env``; None when a fresh interpreter must run it (the server is off, ``env`` differs from the
+    server's beyond ``CALL_TIME_VARIABLES``, or ``cwd`` is not the server's)."""
+    server = _server_for(env, cwd, server_env)
+    if server is None:
+        return None
+    return server.run([str(arg) for arg in args], timeout, env, script=script, new_session=new_session)
+
+
+def start(args: list[str], env: dict[str, str], cwd: Path, *, server_env: dict[str, str], script: str | None = None,
+          new_session: bool = False, sigint_default: bool = False) -> ServedProcess | None:
+    """As :func:`run`, but returns as soon as the command has started; None when a fresh interpreter must run it."""
+    server = _server_for(env, cwd, server_env)
+    if server is None:
+        return None
+    return ServedProcess(server, [str(arg) for arg in args], env, script, new_session, sigint_default)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -156,11 +156,17 @@ train:
 """)
 
 
+# Set in this process by torch the first time something here looks for inductor's cache, not by the user.
+_SET_BY_TORCH_HERE = set() if "TORCHINDUCTOR_CACHE_DIR" in os.environ else {"TORCHINDUCTOR_CACHE_DIR"}
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     # BERTPIPE_NATIVE_BF16 passes through, so `BERTPIPE_NATIVE_BF16=1 pytest` runs every CLI test as on a bf16 CPU.
-    # PYTEST_CURRENT_TEST too: it names each test, and the warm server runs only commands in its own environment.
+    # PYTEST_CURRENT_TEST does not: it names each test, and the warm server runs only commands in its own environment
+    # (nor, for that reason, what torch set here after the server started).
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("ACCELERATE_", "BERTPIPE_", "PYTEST_CURRENT_TEST")) or key == "BERTPIPE_NATIVE_BF16"}
+           if not (key.startswith(("ACCELERATE_", "BERTPIPE_", "PYTEST_CURRENT_TEST")) or key in _SET_BY_TORCH_HERE)
+           or key == "BERTPIPE_NATIVE_BF16"}
     # Kept after the repo: scripts/gpu_check.sh puts the wheels it installed there.
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env.update(PYTHONPATH=python_path, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -185,18 +191,36 @@ def signal_after_logged_losses(process: subprocess.Popen, log: Path, count: int,
     return process.communicate(timeout=timeout)[1]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: int = 600, script: str | None = None,
+            new_session: bool = False) -> subprocess.CompletedProcess:
     """``bertpipe ARGS`` in a process of its own, as a user would run it: forked from this worker's warm
-    server when ``env`` is the default one (tests/cli_server.py), else in a fresh interpreter."""
+    server when ``env`` is the default one (tests/cli_server.py), else in a fresh interpreter.
+    ``script`` runs ``python -c SCRIPT ARGS`` instead (a CLI with something patched); ``new_session`` as
+    ``subprocess``'s ``start_new_session``."""
     env = env or cli_env()
-    result = cli_server.run(list(args), env, REPO_ROOT, timeout, server_env=cli_env())
+    result = cli_server.run(list(args), env, REPO_ROOT, timeout, server_env=cli_env(), script=script, new_session=new_session)
     if result is None:
         result = subprocess.run(
-            [sys.executable, "-m", "tasks.cli", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+            cli_server.command([str(arg) for arg in args], script), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+            start_new_session=new_session,
         )
     if check and result.returncode != 0:
         raise AssertionError(f"bertpipe {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+def start_cli(*args: str, script: str | None = None, new_session: bool = False, sigint_default: bool = False):
+    """``run_cli`` for a command the test signals while it runs: the started process (``subprocess.Popen``'s
+    ``pid``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill``, ``returncode``). ``sigint_default``
+    gives it SIGINT's default action, as a child of a terminal has: a pytest-xdist worker ignores SIGINT, and
+    its children inherit that, so a Ctrl-C would not reach the command."""
+    started = cli_server.start(list(args), cli_env(), REPO_ROOT, server_env=cli_env(), script=script, new_session=new_session,
+                               sigint_default=sigint_default)
+    if started is None:
+        restore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint_default else None
+        started = subprocess.Popen(cli_server.command([str(arg) for arg in args], script), cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=new_session, preexec_fn=restore_sigint)
+    return started
 
 
 def check_lora_run(config: Path, run_dir: Path, metric: str, *overrides: str, pipeline_input: Any = None) -> dict:

@@ -126,18 +126,15 @@ def test_cli_benchmark_stopped_by_a_signal_ends_its_run_too(tmp_path, tiny_bert,
     --output-dir; `kill -9 PID` left it so too. Now SIGTERM kills the run, discards the staged folder and says so in
     one line; after SIGKILL, which the parent cannot answer, the run notices its parent is gone and ends."""
     import signal
-    import subprocess
-    import sys
 
     import psutil
 
-    from tests.conftest import REPO_ROOT, cli_env, signal_after_logged_losses
+    from tests.conftest import signal_after_logged_losses, start_cli
 
     number = getattr(signal, signal_name)
     config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=100_000, mixed_precision="no")
     out = tmp_path / "bench"
-    benchmark = subprocess.Popen([sys.executable, "-m", "tasks.cli", "benchmark", str(config), "--seeds", "1", "--output-dir", str(out)],
-                                 cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    benchmark = start_cli("benchmark", str(config), "--seeds", "1", "--output-dir", str(out))
     children = []
     # Once the run in the spawned child has logged a loss, it is training inside the staged folder.
     stderr = signal_after_logged_losses(benchmark, tmp_path / ".bench.partial" / "runs" / "bertpipe-seed7" / "log.jsonl", 1,

@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli, signal_after_logged_losses
+from tests.conftest import classification_config, cli_env, run_cli, signal_after_logged_losses, start_cli
 
 TRAIN = dict(num_epochs=3, eval_steps=5, save_steps=4, logging_steps=1, lr_scheduler="linear", warmup_steps=2,
              gradient_accumulation_steps=2, batch_size=8)
@@ -58,10 +55,7 @@ def test_cli_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_bert
     run_cli("train", str(reference))
 
     interrupted = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="interrupted", **TRAIN)
-    crashed = subprocess.run(
-        [sys.executable, "-c", CRASH_AFTER_SECOND_CHECKPOINT, "train", str(interrupted)],
-        cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=600,
-    )
+    crashed = run_cli("train", str(interrupted), script=CRASH_AFTER_SECOND_CHECKPOINT, check=False)
     assert crashed.returncode == 9, crashed.stderr[-3000:]
     assert not (tmp_path / "interrupted" / "metrics.json").exists()
 
@@ -93,8 +87,7 @@ def test_cli_sigterm_checkpoints_the_step_it_stops_at_and_the_resume_matches_uni
     run_cli("train", str(reference))
 
     stopped = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="stopped", **keys)
-    process = subprocess.Popen([sys.executable, "-c", SLOW_TRAINING, "train", str(stopped)], cwd=REPO_ROOT, env=cli_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_cli("train", str(stopped), script=SLOW_TRAINING)
     stderr = signal_after_logged_losses(process, tmp_path / "stopped" / "log.jsonl", 3, signal.SIGTERM, timeout=300)
 
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]

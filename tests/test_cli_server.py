@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -71,3 +72,62 @@ def test_cli_server_kills_a_command_past_its_timeout_and_answers_the_next():
 def test_cli_server_is_off_when_asked(monkeypatch):
     monkeypatch.setenv(cli_server.OFF_VARIABLE, "1")
     assert warm("--version") is None
+
+
+# Prints its arguments, how it was started, then a line on stderr, and ends with status 3.
+ARGUMENTS_AND_STATUS = """
+import os, signal, sys
+print(sys.argv, os.getcwd(), os.environ.get("HF_HUB_OFFLINE"), os.getpgrp() == os.getpid())
+print("on stderr", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_cli_server_runs_a_script_as_python_c_does():
+    args = ("train", "a b", "--flag")
+    expected = subprocess.run([sys.executable, "-c", ARGUMENTS_AND_STATUS, *args], cwd=REPO_ROOT, env=cli_env(), capture_output=True,
+                              text=True, timeout=120)
+    answered = cli_server.run(list(args), cli_env(), REPO_ROOT, 120, server_env=cli_env(), script=ARGUMENTS_AND_STATUS)
+    assert (answered.returncode, answered.stdout, answered.stderr) == (expected.returncode, expected.stdout, expected.stderr) == (
+        3, f"['-c', 'train', 'a b', '--flag'] {REPO_ROOT} 1 False\n", "on stderr\n")
+    in_a_session = cli_server.run([], cli_env(), REPO_ROOT, 120, server_env=cli_env(), script=ARGUMENTS_AND_STATUS, new_session=True)
+    assert in_a_session.stdout.endswith(" True\n")
+
+
+# Says it is ready in the file it is given, then waits for a signal.
+WAITS_FOR_A_SIGNAL = """
+import pathlib, signal, sys, time
+pathlib.Path(sys.argv[1]).write_text(str(signal.getsignal(signal.SIGINT) is signal.default_int_handler))
+print("waiting", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("number, sigint_default, expected", [
+    (signal.SIGKILL, False, -signal.SIGKILL),
+    (signal.SIGTERM, False, -signal.SIGTERM),
+    (signal.SIGINT, True, -signal.SIGINT),  # KeyboardInterrupt uncaught: the interpreter ends itself by SIGINT
+])
+def test_cli_server_started_command_ends_by_a_signal_as_a_fresh_interpreter_does(tmp_path, number, sigint_default, expected):
+    import time
+
+    def signalled(process, ready) -> tuple[int, str]:
+        deadline = time.monotonic() + 60
+        while not ready.is_file():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.01)
+        assert process.poll() is None
+        process.send_signal(number)
+        out, err = process.communicate(timeout=60)
+        return process.returncode, out, ready.read_text(), "KeyboardInterrupt" in err
+
+    fresh_ready, warm_ready = tmp_path / "fresh", tmp_path / "warm"
+    restore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint_default else None
+    fresh_process = subprocess.Popen([sys.executable, "-c", WAITS_FOR_A_SIGNAL, str(fresh_ready)], cwd=REPO_ROOT, env=cli_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=restore_sigint)
+    warm_process = cli_server.start([str(warm_ready)], cli_env(), REPO_ROOT, server_env=cli_env(), script=WAITS_FOR_A_SIGNAL,
+                                    sigint_default=sigint_default)
+    assert isinstance(warm_process, cli_server.ServedProcess)
+    assert signalled(warm_process, warm_ready) == signalled(fresh_process, fresh_ready)
+    assert warm_process.returncode == expected and warm_process.poll() == expected
+    warm_process.kill()  # ended already: nothing is sent to a pid that may be another process's by now

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli, signal_after_logged_losses
+from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli, signal_after_logged_losses, start_cli
 from tests.test_cli_resume import SLOW_TRAINING
 
 PINNED = {"mixed_precision": "no", "torch_num_threads": 1}
@@ -23,9 +23,7 @@ def test_cli_signals_ctrl_c_before_the_first_checkpoint_leaves_a_run_whose_rerun
     # default disposition, as from a terminal: it inherits the parent's, and a pytest-xdist worker ignores SIGINT
     # (Python then leaves it ignored, and the run trained to its end whatever the test sent).
     config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=100_000, logging_steps=1, eval_steps=None, **PINNED)
-    process = subprocess.Popen([sys.executable, "-c", SLOW_TRAINING, "train", str(config)], cwd=REPO_ROOT, env=cli_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = start_cli("train", str(config), script=SLOW_TRAINING, sigint_default=True)
     try:
         stderr = signal_after_logged_losses(process, tmp_path / "run" / "log.jsonl", 1, signal.SIGINT)
     finally:
@@ -67,8 +65,7 @@ def test_cli_signals_a_kill_while_the_final_save_writes_the_tokenizer_leaves_a_r
 
     config = pretrain_config(tmp_path, corpus_file(tmp_path))
     overrides = ["train.max_steps=2", "train.save_steps=2", "train.eval_steps=null", "data.max_train_samples=64"]
-    killed = subprocess.run([sys.executable, "-c", POWER_LOSS_IN_THE_FINAL_TOKENIZER_SAVE, "train", str(config), *overrides],
-                            cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    killed = run_cli("train", str(config), *overrides, script=POWER_LOSS_IN_THE_FINAL_TOKENIZER_SAVE, timeout=300, check=False)
     assert killed.returncode == 9, killed.stderr[-3000:]
     assert not (tmp_path / "run" / "metrics.json").exists()
 
@@ -97,8 +94,7 @@ def test_cli_signals_sigterm_in_the_final_evaluation_checkpoints_the_last_step_a
     from safetensors.torch import load_file
 
     config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=6, eval_steps=None, **PINNED)
-    stopped = subprocess.run([sys.executable, "-c", SIGTERM_IN_THE_FINAL_EVALUATION, "train", str(config)],
-                             cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    stopped = run_cli("train", str(config), script=SIGTERM_IN_THE_FINAL_EVALUATION, timeout=300, check=False)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     checkpoint = tmp_path / "run" / "checkpoints" / "step-00000006"
@@ -173,9 +169,8 @@ def test_cli_signals_sigterm_while_predict_writes_leaves_the_output_as_it_was_an
     output = tmp_path / "out" / "predictions.jsonl"
     output.parent.mkdir()
     output.write_text("kept\n")
-    stopped = subprocess.run([sys.executable, "-c", SIGTERM_MID_WRITE, "predict", str(tmp_path / "run"), "--input",
-                              str(sentiment_files["validation"]), "--output", str(output)],
-                             cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+    stopped = run_cli("predict", str(tmp_path / "run"), "--input", str(sentiment_files["validation"]), "--output", str(output),
+                      script=SIGTERM_MID_WRITE, check=False)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr and stopped.stderr.strip().splitlines()[-1] == (
         "bertpipe predict: stopped by SIGTERM; nothing half-written is left, and files that were there are unchanged; "

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, classification_config, cli_env, run_cli
+from tests.conftest import classification_config, run_cli, start_cli
 
 optuna = pytest.importorskip("optuna")
 
@@ -135,8 +134,7 @@ sys.exit(main(sys.argv[1:]))
 def test_cli_sweep_killed_mid_trial_continues_on_rerun(tmp_path, tiny_bert, sentiment_files):
     config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "killed")
     args = ["sweep", str(config), "--trials", "3", "--space", str(space), "--pruner", "none"]
-    killed = subprocess.run([sys.executable, "-c", KILL_DURING_TRIAL_1, *args], cwd=REPO_ROOT, env=cli_env(),
-                            capture_output=True, text=True, timeout=600, start_new_session=True)
+    killed = run_cli(*args, script=KILL_DURING_TRIAL_1, new_session=True, check=False)
     assert killed.returncode == -9, killed.stderr[-3000:]
     dead_dir = tmp_path / "killed" / "trials" / "0001"
     before = {path.name: path.read_bytes() for path in dead_dir.iterdir()}
@@ -171,8 +169,7 @@ sys.exit(main(sys.argv[1:]))
 def test_cli_sweep_stopped_by_sigterm_marks_its_trial_failed_and_continues_on_rerun(tmp_path, tiny_bert, sentiment_files):
     config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "stopped")
     args = ["sweep", str(config), "--trials", "3", "--space", str(space), "--pruner", "none"]
-    stopped = subprocess.run([sys.executable, "-c", SIGTERM_DURING_TRIAL_1, *args], cwd=REPO_ROOT, env=cli_env(),
-                             capture_output=True, text=True, timeout=600)
+    stopped = run_cli(*args, script=SIGTERM_DURING_TRIAL_1, check=False)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     trial_1 = tmp_path / "stopped" / "trials" / "0001"
     assert stopped.stderr.strip().splitlines()[-1] == (
@@ -188,7 +185,7 @@ def test_cli_sweep_stopped_by_sigterm_marks_its_trial_failed_and_continues_on_re
     assert sum(trial.state.name == "COMPLETE" for trial in trials) == 3 and trials[1].state.name == "FAIL"
 
 
-def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, **popen) -> tuple[subprocess.Popen, list, list[Path]]:
+def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, **started) -> tuple[subprocess.Popen, list, list[Path]]:
     """A sweep whose two workers are each training a long trial: (the sweep, its child processes, the trials' logs)."""
     import time
 
@@ -196,9 +193,7 @@ def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, **pope
                                    logging_steps=5, mixed_precision="no")
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    sweep = subprocess.Popen([sys.executable, "-m", "tasks.cli", "sweep", str(config), "--trials", "2", "--space", str(space),
-                              "--pruner", "none", "--workers", "2"], cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, **popen)
+    sweep = start_cli("sweep", str(config), "--trials", "2", "--space", str(space), "--pruner", "none", "--workers", "2", **started)
     logs = [tmp_path / "parent" / "trials" / name / "log.jsonl" for name in ("0000", "0001")]
     deadline = time.monotonic() + 300
     while not all(log.is_file() and log.read_text().strip() for log in logs):
@@ -243,10 +238,13 @@ def test_cli_sweep_workers_stop_their_trials_when_the_parent_is_killed(tmp_path,
 
 
 def test_cli_sweep_interrupted_says_the_same_command_continues_it(tmp_path, tiny_bert, sentiment_files):
-    # Ctrl-C (SIGINT to the whole process group, as a terminal sends it): "interrupted", and not how to go on.
+    # Ctrl-C (SIGINT to the whole process group, as a terminal sends it): "interrupted", and not how to go on. The sweep
+    # gets SIGINT's default action: started from a shell's background job (`pytest &`), the tests ignore SIGINT, and
+    # so did every process they started, the sweep and its workers training to the end.
     import signal
 
-    sweep, workers, logs = sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, start_new_session=True)
+    sweep, workers, logs = sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, new_session=True,
+                                                            sigint_default=True)
     os.killpg(sweep.pid, signal.SIGINT)
     _, stderr = sweep.communicate(timeout=300)
     assert sweep.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
