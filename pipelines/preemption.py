@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Iterator, Sequence
@@ -123,16 +122,19 @@ def passed_on_to(processes: Sequence) -> Iterator[None]:
         yield
 
 
-def ending_with_parent(number: int, parent_pid: int, *, poll_seconds: float = 1.0) -> None:
-    """Send this process ``number`` once, within ``poll_seconds``, after ``parent_pid`` (the process that started it)
+def ending_with_parent(number: int) -> None:
+    """Send this process ``number`` once, as soon as its ``multiprocessing`` parent (the process that started it)
     has died. A parent killed outright (``kill -9``, the OOM killer) hands no signal on, and its workers trained on
-    as orphans, writing into folders nobody read. A watching thread, not Linux's parent-death signal: that one
-    comes again each time another of a dying parent's threads inherits the child, and a second SIGTERM means
-    "stop now" (no checkpoint) to a training run."""
+    as orphans, writing into folders nobody read. A watching thread on the parent's sentinel (a pipe the parent
+    holds open while it lives), not Linux's parent-death signal: that one comes again each time another of a dying
+    parent's threads inherits the child, and a second SIGTERM means "stop now" (no checkpoint) to a training run.
+    Nor the parent's pid: a forkserver's child has the server for its parent in the kernel's sense."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll_seconds)
+        parent.join()
         os.kill(os.getpid(), number)
 
     threading.Thread(target=watch, name="ending-with-parent", daemon=True).start()

@@ -199,11 +199,12 @@ def sweep_with_two_training_workers(tmp_path, tiny_bert, sentiment_files, **star
     while not all(log.is_file() and log.read_text().strip() for log in logs):
         assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()[1][-3000:]
         time.sleep(0.05)
-    return sweep, psutil.Process(sweep.pid).children(), logs
+    # The workers, the forkserver they are forked from, and the resource tracker.
+    return sweep, psutil.Process(sweep.pid).children(recursive=True), logs
 
 
 def assert_trials_stopped_and_failed(tmp_path, workers, logs) -> None:
-    # Every child is gone (or going: spawn's resource tracker leaves once its parent has), none training on.
+    # Every child is gone (or going: the forkserver and the resource tracker leave once their parent has), none training on.
     _, alive = psutil.wait_procs(workers, timeout=60)
     for process in alive:
         process.kill()

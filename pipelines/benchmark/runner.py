@@ -118,7 +118,7 @@ def _in_child(entry: Callable[..., dict[str, Any]], spec: Any, get_task: TaskLoo
     from pipelines.preemption import ending_with_parent
 
     # A parent killed outright (kill -9) cannot kill this run: it would train on, writing into an abandoned folder.
-    ending_with_parent(signal.SIGKILL, multiprocessing.parent_process().pid)
+    ending_with_parent(signal.SIGKILL)
 
     # tqdm's default lock is a multiprocessing one, a named semaphore: in a run that is killed, nothing releases it,
     # and spawn's resource tracker printed a "leaked semaphore" warning after the command's last line.

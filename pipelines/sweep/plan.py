@@ -2,7 +2,7 @@
 
 In:  the checked config, space and command-line choices (built by :func:`pipelines.sweep.run.run_sweep`);
      a storage URL or journal file path; a pruner name.
-Out: :class:`SweepPlan` (picklable, so spawned workers receive it whole); the names of the files a
+Out: :class:`SweepPlan` (picklable, so worker processes receive it whole); the names of the files a
      sweep writes in OUTPUT_DIR; an Optuna storage (:func:`open_storage`) and pruner (:func:`make_pruner`).
 """
 
@@ -35,7 +35,7 @@ TaskLookup = Callable[[str], type]
 
 @dataclass(frozen=True)
 class SweepPlan:
-    """Everything a worker process needs (picklable: workers are spawned)."""
+    """Everything a worker process needs (picklable: each worker process receives it)."""
 
     config_path: str
     overrides: tuple[str, ...]

@@ -97,7 +97,7 @@ def run_sweep(
     for number in fail_dead_trials(study):
         print(f"trial {number}: its worker process is gone; marked failed, {trial_dir(plan, number)} left as it was")
     started = time.perf_counter()
-    dead_workers = run_workers(plan, get_task, workers)
+    dead_workers = run_workers(plan, get_task, workers, imports=[get_task(base.task).__module__])
     wall = time.perf_counter() - started
     report = write_report(optuna.load_study(study_name=plan.study_name, storage=open_storage(plan.storage)), plan, wall, options_for)
     report["dead_workers"] = dead_workers

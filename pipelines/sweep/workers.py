@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import psutil
@@ -84,8 +84,9 @@ memory, every learning rate diverging): failed trials are replaced, so it would 
 --timeout, or forever."""
 
 
-def run_workers(plan: SweepPlan, get_task: TaskLookup, workers: int) -> list[str]:
-    """Run the workers (here, or as spawned processes); the description of any that died."""
+def run_workers(plan: SweepPlan, get_task: TaskLookup, workers: int, *, imports: Sequence[str] = ()) -> list[str]:
+    """Run the workers (here, or as processes of their own); the description of any that died. ``imports``:
+    modules a trial needs beyond this one and :mod:`pipelines.train` (the task's), imported once for all workers."""
     if workers == 1:
         work(plan, get_task, 0)
         return []
@@ -93,7 +94,11 @@ def run_workers(plan: SweepPlan, get_task: TaskLookup, workers: int) -> list[str
 
     from pipelines.preemption import passed_on_to
 
-    context = multiprocessing.get_context("spawn")
+    # Each worker is a fork of one process that imported the libraries, where spawn started an interpreter per
+    # worker that imported them all again (seconds of CPU each, all at once). That process computes nothing
+    # before it forks: no OpenMP pool or CUDA context is copied into a worker.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__, "pipelines.train", *imports])
     errors = context.SimpleQueue()
     processes = [context.Process(target=_worker_main, args=(plan, get_task, index, errors), name=f"sweep-worker-{index}")
                  for index in range(workers)]
@@ -112,13 +117,12 @@ def run_workers(plan: SweepPlan, get_task: TaskLookup, workers: int) -> list[str
 
 
 def _worker_main(plan: SweepPlan, get_task: TaskLookup, index: int, errors) -> None:
-    import multiprocessing
     import signal
 
     from pipelines.preemption import ending_with_parent
 
     # As for a SIGTERM the parent passes on: the trial stops at a step boundary, is marked failed, and a rerun continues.
-    ending_with_parent(signal.SIGTERM, multiprocessing.parent_process().pid)
+    ending_with_parent(signal.SIGTERM)
     try:
         work(plan, get_task, index)
     except BaseException as error:  # handed to the parent, which reports it as the CLI would
