@@ -68,7 +68,8 @@ if os.environ.get("STOP_AT_STEP"):
 """
 
 # scripts/train.py, with rank 1 alone measuring that padding changes the model's outputs (as a change right at
-# the tolerance could, rounding differently per process), and each rank's eval batch size recorded.
+# the tolerance could, rounding differently per process), and each rank's eval batch size recorded. The signal
+# test's resume runs it (evaluated one example per batch, the resumed run must still end as the uninterrupted one).
 PROBE_DISAGREEING_TRAIN_SCRIPT = f"""
 import json, os, sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
@@ -144,11 +145,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(script: Path, config: Path, ranks: Path, *machine_args: str, **env: str) -> subprocess.Popen:
+def launch(script: Path, config: Path, ranks: Path, *machine_args: str, overrides: tuple[str, ...] = (), **env: str) -> subprocess.Popen:
     ranks.mkdir(exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
-         *machine_args, str(script), str(config)],
+         *machine_args, str(script), str(config), *overrides],
         cwd=REPO_ROOT, env=launch_env(RANKS_DIR=str(ranks), **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -308,7 +309,11 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
     runs, tmp_path, tiny_bert, sentiment_files
 ):
     """A SIGTERM to one process stops both at the same step with one complete checkpoint; one process refuses to
-    resume it, changing nothing, and two processes resume it to the uninterrupted run's weights."""
+    resume it, changing nothing, and two processes resume it to the uninterrupted run's weights.
+
+    The resume also checks that both processes evaluate one example per batch when either alone sees padding
+    change the model's outputs (as a change right at the tolerance could, rounding differently per process):
+    processes that chose different eval batch sizes would wait for each other's collectives forever."""
     from safetensors.torch import load_file
 
     from tests.conftest import run_cli
@@ -337,37 +342,22 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
     assert "--num_processes 2" in refused.stderr
     assert {path: path.read_bytes() for path in sorted((tmp_path / "stopped").rglob("*")) if path.is_file()} == before
 
-    finish(subprocess.Popen(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
-         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()), str(REPO_ROOT / "scripts" / "train.py"),
-         str(config), "train.resume_from_checkpoint=latest"],
-        cwd=REPO_ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ))
+    probed_script = tmp_path / "train_probe_disagreeing.py"
+    probed_script.write_text(PROBE_DISAGREEING_TRAIN_SCRIPT)
+    resuming = launch(probed_script, config, tmp_path / "resumed_ranks", "--num_processes", "2", "--num_machines", "1",
+                      "--main_process_port", str(free_port()), overrides=("train.resume_from_checkpoint=latest",))
+    stderr = ended(resuming, timeout=300)  # processes that disagree on the eval batch size wait for each other for ever
+    assert resuming.returncode == 0, stderr[-4000:]
+    assert [(r["rank"], r["world_size"], r["eval_batch_size"]) for r in ranks_of(tmp_path / "resumed_ranks")] == [(0, 2, 1), (1, 2, 1)]
     resumed, uninterrupted = (json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "stopped", runs["one"]))
     assert resumed["num_processes"] == 2 and resumed["global_step"] == uninterrupted["global_step"] == 12
+    assert resumed["eval_samples"] == uninterrupted["eval_samples"] == 37
     for key in ("eval_accuracy", "train_samples", "train_loss"):
         assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-6), key
     weights, expected = (load_file(run / "model.safetensors") for run in (tmp_path / "stopped", runs["one"]))
     for name, tensor in expected.items():
         assert (weights[name] - tensor).abs().max().item() <= 1e-6, name
 
-
-def test_cli_two_processes_evaluate_one_example_per_batch_when_either_sees_padding_change_the_outputs(
-    runs, tmp_path, tiny_bert, sentiment_files
-):
-    """Processes that chose different eval batch sizes would wait for each other's collectives forever."""
-    script = tmp_path / "train_probe_disagreeing.py"
-    script.write_text(PROBE_DISAGREEING_TRAIN_SCRIPT)
-    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="probed", num_epochs=2, eval_steps=6,
-                                   mixed_precision="no", torch_num_threads=1)
-    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
-                     "--main_process_port", str(free_port()))
-    stderr = ended(process, timeout=300)
-    assert process.returncode == 0, stderr[-4000:]
-    assert [(r["rank"], r["world_size"], r["eval_batch_size"]) for r in ranks_of(tmp_path / "ranks")] == [(0, 2, 1), (1, 2, 1)]
-    probed, batched = (json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "probed", runs["one"]))
-    assert probed["eval_samples"] == batched["eval_samples"] == 37
-    assert probed["eval_accuracy"] == pytest.approx(batched["eval_accuracy"], rel=1e-6)
 
 @pytest.mark.parametrize("bad_input, failing_rank", [("typo", "all"), ("typo", "1"), ("missing data", "0"), ("missing data", "1")])
 def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentiment_files, bad_input, failing_rank):
