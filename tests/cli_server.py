@@ -18,7 +18,7 @@ with the server is only what importing the libraries did, which a fresh interpre
 one condition: some libraries read environment variables once, at import (huggingface_hub's offline switch,
 torch's thread settings). The server therefore runs only commands whose environment is the one it was
 started with, up to the variables only bertpipe reads, and only when a command runs (``CALL_TIME_VARIABLES``);
-any other (``env=cli_env(HF_TOKEN=...)``) goes to a fresh interpreter. Nothing computes in the
+any other (``env=cli_env(HF_ENDPOINT=...)``) goes to a fresh interpreter. Nothing computes in the
 server before it forks (an OpenMP pool does not survive a fork), and it has no threads but the idle ones
 numpy's OpenBLAS and pyarrow's jemalloc start, both of which handle fork themselves.
 
@@ -43,9 +43,10 @@ OFF_VARIABLE = "BERTPIPE_TEST_FRESH_INTERPRETERS"
 # (imported already, runpy warns on stderr).
 WARM_MODULES = ("torch", "transformers", "datasets", "accelerate", "evaluate", "peft", "sklearn", "tasks", "pipelines.cli")
 POLL_S = 0.02
-# Read by bertpipe when a command runs (pipelines.runtime.native_bf16), never by a library at import: the child
-# takes the command's value with its environment, so a command that differs from the server only here is served.
-CALL_TIME_VARIABLES = frozenset({"BERTPIPE_NATIVE_BF16"})
+# Read when a command runs, never at import: by bertpipe (pipelines.runtime.native_bf16) and by huggingface_hub's
+# get_token() on each call (utils/_auth.py). The child takes the command's value with its environment, so a
+# command that differs from the server only here is served.
+CALL_TIME_VARIABLES = frozenset({"BERTPIPE_NATIVE_BF16", "HF_TOKEN"})
 
 
 # ---- the server (``python -m tests.cli_server``) ----

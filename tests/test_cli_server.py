@@ -39,9 +39,17 @@ def test_cli_server_answers_as_a_fresh_interpreter(args):
 
 
 def test_cli_server_leaves_another_environment_to_a_fresh_interpreter():
-    # huggingface_hub reads HF_TOKEN and its offline switch at import: a server started without them cannot stand in.
-    assert warm("--version", env=cli_env(HF_TOKEN="hf_x")) is None
+    # huggingface_hub reads its endpoint and offline switch at import: a server started without them cannot stand in.
+    assert warm("--version", env=cli_env(HF_ENDPOINT="http://127.0.0.1:9")) is None
+    assert warm("--version", env=cli_env(HF_HUB_OFFLINE="0")) is None
     assert warm("--version") is not None
+
+
+def test_cli_server_serves_a_token_the_hub_library_reads_when_it_runs():
+    # HF_TOKEN is read by huggingface_hub's get_token() on each call: the command sees its own, the server has none.
+    answered = cli_server.run([], cli_env(HF_TOKEN="hf_command"), REPO_ROOT, 120, server_env=cli_env(),
+                              script="from huggingface_hub import get_token\nprint(get_token())")
+    assert answered is not None and (answered.returncode, answered.stdout) == (0, "hf_command\n"), answered and answered.stderr
 
 
 def test_cli_server_runs_a_command_in_its_own_value_of_a_variable_read_only_when_it_runs(tmp_path):
