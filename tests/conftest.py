@@ -201,8 +201,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, t
     result = cli_server.run(list(args), env, REPO_ROOT, timeout, server_env=cli_env(), script=script, new_session=new_session)
     if result is None:
         result = subprocess.run(
-            cli_server.command([str(arg) for arg in args], script), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-            start_new_session=new_session,
+            cli_server.command([str(arg) for arg in args], script), cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+            timeout=timeout, start_new_session=new_session,
         )
     if check and result.returncode != 0:
         raise AssertionError(f"bertpipe {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
@@ -212,14 +212,15 @@ def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True, t
 def start_cli(*args: str, script: str | None = None, new_session: bool = False, sigint_default: bool = False):
     """``run_cli`` for a command the test signals while it runs: the started process (``subprocess.Popen``'s
     ``pid``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill``, ``returncode``). ``sigint_default``
-    gives it SIGINT's default action, as a child of a terminal has: a pytest-xdist worker ignores SIGINT, and
-    its children inherit that, so a Ctrl-C would not reach the command."""
+    gives it SIGINT's default action, as a child of a terminal has: pytest run as a shell's background job
+    (`pytest &`) ignores SIGINT, and its children inherit that, so a Ctrl-C would not reach the command."""
     started = cli_server.start(list(args), cli_env(), REPO_ROOT, server_env=cli_env(), script=script, new_session=new_session,
                                sigint_default=sigint_default)
     if started is None:
         restore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint_default else None
-        started = subprocess.Popen(cli_server.command([str(arg) for arg in args], script), cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=new_session, preexec_fn=restore_sigint)
+        started = subprocess.Popen(cli_server.command([str(arg) for arg in args], script), cwd=REPO_ROOT, env=cli_env(),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session,
+                                   preexec_fn=restore_sigint)
     return started
 
 

@@ -20,8 +20,8 @@ def test_cli_signals_ctrl_c_before_the_first_checkpoint_leaves_a_run_whose_rerun
     # No checkpoint yet (train.save_steps unset): the refusal sent the user to
     # train.resume_from_checkpoint=latest, which only failed in turn ("holds no complete checkpoint").
     # More steps than the test waits for, so that the run ends by the Ctrl-C or not at all. The child gets SIGINT's
-    # default disposition, as from a terminal: it inherits the parent's, and a pytest-xdist worker ignores SIGINT
-    # (Python then leaves it ignored, and the run trained to its end whatever the test sent).
+    # default disposition, as from a terminal: it inherits the parent's, and pytest run as a shell's background job
+    # (`pytest &`) ignores SIGINT (Python then leaves it ignored, and the run trained to its end whatever the test sent).
     config = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=100_000, logging_steps=1, eval_steps=None, **PINNED)
     process = start_cli("train", str(config), script=SLOW_TRAINING, sigint_default=True)
     try:
