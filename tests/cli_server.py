@@ -17,7 +17,7 @@ environment, standard streams and exit status, so what a test checks is what a u
 with the server is only what importing the libraries did, which a fresh interpreter does the same way, with
 one condition: some libraries read environment variables once, at import (huggingface_hub's offline switch,
 torch's thread settings). The server therefore runs only commands whose environment is the one it was
-started with, up to the variables only bertpipe reads, and only when a command runs (``CALL_TIME_VARIABLES``);
+started with, up to the variables read only when a command runs (``CALL_TIME_VARIABLES``);
 any other (``env=cli_env(HF_ENDPOINT=...)``) goes to a fresh interpreter. Nothing computes in the
 server before it forks (an OpenMP pool does not survive a fork), and it has no threads but the idle ones
 numpy's OpenBLAS and pyarrow's jemalloc start, both of which handle fork themselves.

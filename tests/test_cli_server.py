@@ -84,7 +84,7 @@ def test_cli_server_is_off_when_asked(monkeypatch):
 
 # Prints its arguments, how it was started, then a line on stderr, and ends with status 3.
 ARGUMENTS_AND_STATUS = """
-import os, signal, sys
+import os, sys
 print(sys.argv, os.getcwd(), os.environ.get("HF_HUB_OFFLINE"), os.getpgrp() == os.getpid())
 print("on stderr", file=sys.stderr)
 sys.exit(3)
@@ -119,7 +119,7 @@ time.sleep(120)
 def test_cli_server_started_command_ends_by_a_signal_as_a_fresh_interpreter_does(tmp_path, number, sigint_default, expected):
     import time
 
-    def signalled(process, ready) -> tuple[int, str]:
+    def signalled(process, ready) -> tuple[int, str, str, bool]:
         deadline = time.monotonic() + 60
         while not ready.is_file():
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()
