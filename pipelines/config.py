@@ -410,7 +410,7 @@ class RunConfig(Section):
     ``distill.teacher``, ...) is relative to the current directory, ``~`` being the home folder; the run's
     ``config.yaml`` holds them absolute, so ``evaluate`` and ``predict`` read the same files from anywhere."""
     seed: int = Field(default=42, ge=0, lt=2**32)  # numpy's seed range
-    """Seeds model initialisation, data order and dropout: a rerun gives identical results (except an MLM run that trains its WordPiece tokenizer: the trainer breaks ties in hash order; reuse a run's with model.tokenizer_name_or_path). On the CPU the dropout masks are bertpipe's own draws of torch's generator (pipelines/dropout.py): the same seed gives other masks than a loop of torch's own; a sequence classifier whose head reads position 0 only (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) draws its last layer's masks there only (pipelines/first_position.py)."""
+    """Seeds model initialisation, data order and dropout: a rerun gives identical results (except an MLM run that trains its WordPiece tokenizer: the trainer breaks ties in hash order; reuse a run's with model.tokenizer_name_or_path). On the CPU the dropout masks (hidden states' and attention's) are bertpipe's own draws of torch's generator (pipelines/dropout.py): the same seed gives other masks than a loop of torch's own; a sequence classifier whose head reads position 0 only (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) draws its last layer's masks there only (pipelines/first_position.py)."""
     overwrite: bool = False
     """Replace the bertpipe run in ``output_dir`` (once the new run has validated)."""
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -23,7 +23,7 @@ positions 1.. no longer exist, so nothing may ask this model for them (the loop 
 whose student is asked for every layer's hidden states, wraps the model in a class that is not listed).
 
 A call this rule cannot take — a key/value cache, cross-attention, an attention implementation other than
-``sdpa`` or ``eager`` (flash kernels want their own mask layout, flex attention a block mask) — runs the
+``sdpa`` (or its cheap-dropout-mask form, pipelines/dropout.py) or ``eager`` (flash kernels want their own mask layout, flex attention a block mask) — runs the
 family's own forward.
 """
 
@@ -38,7 +38,9 @@ from transformers.models.roberta.modeling_roberta import RobertaForSequenceClass
 from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-_ATTENTION_FOR_ONE_QUERY = ("sdpa", "eager")
+from pipelines.dropout import SDPA_WITH_CHEAP_MASKS
+
+_ATTENTION_FOR_ONE_QUERY = ("sdpa", "eager", SDPA_WITH_CHEAP_MASKS)
 
 
 def _takes_one_query(attention: nn.Module, attention_mask) -> bool:

@@ -44,7 +44,7 @@ from pipelines.checkpoint import (
 from pipelines.config import ConfigError, RunConfig
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source, split_where
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
-from pipelines.dropout import draw_cheap_dropout_masks
+from pipelines.dropout import draw_cheap_attention_dropout_masks, draw_cheap_dropout_masks
 from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.first_position import last_layer_at_first_position
@@ -150,6 +150,7 @@ def _run(
     if accelerator.device.type == "cpu":
         # torch's CPU dropout draws a double per mask element, serially (pipelines/dropout.py).
         draw_cheap_dropout_masks(model)
+        draw_cheap_attention_dropout_masks(model)
     if not config.train.pack_sequences:
         # A packed row holds several examples, each with its own first position.
         last_layer_at_first_position(model)

@@ -43,7 +43,9 @@ def test_cli_speed_counts_exactly_the_non_padding_tokens_of_the_batches_seen(bf1
     batches = list(ShuffledBatchSampler(lengths, 8, seed=7, group_by_length=True))[:STEPS]
     expected = sum(lengths[index] for batch in batches for index in batch)
     assert bf16_run["train_tokens"] == expected
-    assert bf16_run["train_tokens_per_second"] == pytest.approx(expected / bf16_run["train_runtime"], rel=1e-2)
+    # metrics.json rounds the runtime to the millisecond, and this run trains for tens of them.
+    runtime = bf16_run["train_runtime"]
+    assert expected / (runtime + 5e-4) - 1e-3 <= bf16_run["train_tokens_per_second"] <= expected / (runtime - 5e-4) + 1e-3
 
 
 def test_cli_speed_bert_attention_runs_through_sdpa(tiny_bert):

@@ -77,9 +77,11 @@ def test_train_best_model_is_never_a_nan_evaluation(tmp_path):
     assert (state.best_metric, state.best_step, saved) == (0.2, 2, [2])
 
 
-def test_train_on_the_cpu_draws_every_hidden_dropout_mask_with_cheap_masks(tmp_path, tiny_bert, sentiment_files, monkeypatch):
-    """The swap happens in the loop (pipelines/dropout.py): each training forward of the tiny BERT draws
-    one mask per nn.Dropout it runs (embeddings, 2 per layer, classifier), and evaluation draws none."""
+def test_train_on_the_cpu_draws_every_dropout_mask_with_cheap_masks(tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    """The swaps happen in the loop (pipelines/dropout.py): each training forward of the tiny BERT draws
+    one mask per nn.Dropout it runs (embeddings, 2 per layer, classifier) and one per layer's attention
+    ([batch, heads, queries, keys]; the last layer's one query, pipelines/first_position.py), and
+    evaluation draws none."""
     from transformers import AutoConfig
 
     from pipelines import dropout
@@ -93,6 +95,12 @@ def test_train_on_the_cpu_draws_every_hidden_dropout_mask_with_cheap_masks(tmp_p
     config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=2,
                                                                  mixed_precision="no")), [])
     metrics = train(config, get_task(config.task)(config))
-    per_forward = 1 + 2 * AutoConfig.from_pretrained(tiny_bert).num_hidden_layers + 1
+    bert = AutoConfig.from_pretrained(tiny_bert)
+    assert bert.attention_probs_dropout_prob > 0 and bert.hidden_dropout_prob > 0
+    per_forward = 1 + 2 * bert.num_hidden_layers + 1 + bert.num_hidden_layers
     assert metrics["global_step"] == 3
     assert len(drawn) == 3 * per_forward, drawn
+    attention = [shape for shape in drawn if len(shape) == 4]
+    assert len(attention) == 3 * bert.num_hidden_layers
+    assert all(shape[1] == bert.num_attention_heads and shape[3] >= shape[2] for shape in attention), attention
+    assert sum(shape[2] == 1 for shape in attention) == 3  # the last layer's query at position 0 alone
