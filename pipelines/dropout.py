@@ -25,10 +25,10 @@ Attention dropout too (:func:`attention_with_cheap_masks`): a model whose attent
 transformers' ``sdpa`` implementation is switched to one that is SDPA everywhere but in a CPU training
 step with attention dropout. There, SDPA must leave its fused kernel for its math path (scores, softmax,
 dropout, product), which draws the dropout mask with ``bernoulli_`` and guards every softmax row
-against being fully masked (an ``all`` and a ``where`` over the scores): 5.4 ms a layer, forward and
-backward, for a packed CoNLL-2003 batch (7 rows × 12 heads × 52²), against 4.2 ms written out here with
-a :func:`keep_mask` mask (docs/benchmark.md). The same steps as the math path (float32 for bf16 or
-fp16 inputs, as it computes; masked keys at ``-inf``; a query with no key left gets zeros); causal
+against being fully masked (an ``all`` and a ``where`` over every head's scores): 5.5 ms a layer,
+forward and backward, for a packed CoNLL-2003 batch (7 rows × 12 heads × 52²), against 5.05 ms written
+out here with a :func:`keep_mask` mask; a packed NER training step 0.98× (docs/benchmark.md). The same steps as the math path (float32 for bf16 or
+fp16 inputs, as it computes; a query with no key left gets zeros); causal
 attention without a mask, position biases, grouped key/value heads and returned attention weights go
 to SDPA as before.
 """
@@ -109,20 +109,23 @@ def attention_with_cheap_masks(module: nn.Module, query: torch.Tensor, key: torc
     with torch.autocast(device_type="cpu", enabled=False):  # the math path computes reduced precisions in float32
         query_, key_, value_ = (tensor.float() for tensor in (query, key, value))
         scores = torch.matmul(query_, key_.transpose(-1, -2)).mul_(scale)
-        no_key = None
+        has_key = None
         if attention_mask is not None:
+            # Masked keys at the dtype's lowest value, not -inf: exp() makes them exactly 0 either way, but a
+            # query with no key left then gets a finite softmax row (not NaN), which its dropout mask zeroes
+            # below, as the math path's softmax gives such a query zeros; the guard costs mask-sized work only.
+            lowest = torch.finfo(scores.dtype).min
             if attention_mask.dtype == torch.bool:
-                scores = scores.masked_fill(attention_mask.logical_not(), float("-inf"))
-                no_key = attention_mask.logical_not().all(dim=-1, keepdim=True)
+                scores = scores.masked_fill(attention_mask.logical_not(), lowest)
+                has_key = attention_mask.any(dim=-1, keepdim=True)
             else:
-                scores = scores + attention_mask
-                no_key = (attention_mask == float("-inf")).all(dim=-1, keepdim=True)
+                scores = scores + attention_mask.clamp_min(lowest)
+                has_key = (attention_mask > float("-inf")).any(dim=-1, keepdim=True)
         probabilities = scores.softmax(dim=-1)
-        if no_key is not None:
-            # A query every key is masked from gets zeros from the math path's softmax (NaN from a plain
-            # one). Masked whatever the mask, not tested first: a data-dependent branch would split a compiled graph.
-            probabilities = probabilities.masked_fill(no_key, 0.0)
-        noise = keep_mask(probabilities, dropout).to(probabilities.dtype).div_(1 - dropout)
+        keep = keep_mask(probabilities, dropout)
+        if has_key is not None:
+            keep &= has_key
+        noise = keep.to(probabilities.dtype).div_(1 - dropout)
         output = torch.matmul(probabilities * noise, value_)
     return output.to(query.dtype).transpose(1, 2).contiguous(), None
 
