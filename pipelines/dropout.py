@@ -27,10 +27,10 @@ step with attention dropout. There, SDPA must leave its fused kernel for its mat
 dropout, product), which draws the dropout mask with ``bernoulli_`` and guards every softmax row
 against being fully masked (an ``all`` and a ``where`` over every head's scores): 5.5 ms a layer,
 forward and backward, for a packed CoNLL-2003 batch (7 rows × 12 heads × 52²), against 5.05 ms written
-out here with a :func:`keep_mask` mask; a packed NER training step 0.98× (docs/benchmark.md). The same steps as the math path (float32 for bf16 or
-fp16 inputs, as it computes; a query with no key left gets zeros); causal
-attention without a mask, position biases, grouped key/value heads and returned attention weights go
-to SDPA as before.
+out here with a :func:`keep_mask` mask; a packed NER training step 0.98× (docs/benchmark.md). The
+steps are the math path's (float32 for bf16 or fp16 inputs, as it computes; a query with no key left
+gets zeros); causal attention without a mask, position biases, grouped key/value heads and returned
+attention weights go to SDPA as before.
 """
 
 from __future__ import annotations

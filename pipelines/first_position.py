@@ -23,8 +23,8 @@ positions 1.. no longer exist, so nothing may ask this model for them (the loop 
 whose student is asked for every layer's hidden states, wraps the model in a class that is not listed).
 
 A call this rule cannot take — a key/value cache, cross-attention, an attention implementation other than
-``sdpa`` (or its cheap-dropout-mask form, pipelines/dropout.py) or ``eager`` (flash kernels want their own mask layout, flex attention a block mask) — runs the
-family's own forward.
+``sdpa`` (or its cheap-dropout-mask form, pipelines/dropout.py) or ``eager`` (flash kernels want their own
+mask layout, flex attention a block mask) — runs the family's own forward.
 """
 
 from __future__ import annotations

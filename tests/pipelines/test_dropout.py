@@ -155,14 +155,17 @@ def _recorded_masks(monkeypatch) -> list[torch.Tensor]:
     return drawn
 
 
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_dropout_is_sdpas_math_path_with_the_drawn_mask(monkeypatch, dtype):
+def test_attention_dropout_is_sdpas_math_path_with_the_drawn_mask(monkeypatch, dtype, mask_kind):
     """Output and gradients equal torch's own SDPA math kernel given the same keep mask (its test-only
-    dropout_mask argument), in float32 and, for bf16 inputs, computed in float32 as that kernel does."""
+    dropout_mask argument), in float32 and, for bf16 inputs, computed in float32 as that kernel does;
+    for a boolean mask and for an additive one (-inf at masked keys)."""
     p, scale = 0.25, 8 ** -0.5
     drawn = _recorded_masks(monkeypatch)
     query, key, value, mask = _attention_inputs(dtype)
-    output, weights = attention_with_cheap_masks(_Attention(), query, key, value, mask, dropout=p, scaling=scale)
+    given = mask if mask_kind == "bool" else _additive(mask)
+    output, weights = attention_with_cheap_masks(_Attention(), query, key, value, given, dropout=p, scaling=scale)
     assert weights is None and output.dtype == dtype and output.shape == (3, 10, 4, 8)
     assert len(drawn) == 1 and drawn[0].shape == (3, 4, 10, 10) and drawn[0].dtype == torch.bool
     assert 0.6 < drawn[0].double().mean().item() < 0.9
