@@ -25,12 +25,14 @@ Attention dropout too (:func:`attention_with_cheap_masks`): a model whose attent
 transformers' ``sdpa`` implementation is switched to one that is SDPA everywhere but in a CPU training
 step with attention dropout. There, SDPA must leave its fused kernel for its math path (scores, softmax,
 dropout, product), which draws the dropout mask with ``bernoulli_`` and guards every softmax row
-against being fully masked (an ``all`` and a ``where`` over every head's scores): 5.5 ms a layer,
-forward and backward, for a packed CoNLL-2003 batch (7 rows × 12 heads × 52²), against 5.05 ms written
-out here with a :func:`keep_mask` mask; a packed NER training step 0.98× (docs/benchmark.md). The
-steps are the math path's (float32 for bf16 or fp16 inputs, as it computes; a query with no key left
-gets zeros); causal attention without a mask, position biases, grouped key/value heads and returned
-attention weights go to SDPA as before.
+against being fully masked (an ``all`` and a ``where`` over every head's scores), and autograd then
+walks back through each of those steps. Written out here with a :func:`keep_mask` mask and its own
+backward (:class:`_DroppedOutAttention`), a packed CoNLL-2003 batch's attention (7 rows × 12 heads ×
+52², forward and backward) takes 0.60× the math path's time (5.4 → 3.4 ms); a packed NER training step
+0.98× for writing it out and 0.98× again for its own backward (docs/benchmark.md). The steps are the
+math path's (float32 for bf16 or fp16 inputs, as it computes; a query with no key left gets zeros);
+causal attention without a mask, position biases, grouped key/value heads, a mask that takes a gradient
+and returned attention weights go to SDPA as before.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def _written_out_here(module: nn.Module, query: torch.Tensor, attention_mask, dr
         # transformers' rule: no mask and a causal module means SDPA's is_causal (its own kernel's mask).
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         return not (query.shape[2] > 1 and causal)
-    return attention_mask.dtype == torch.bool or attention_mask.is_floating_point()
+    # A mask that takes a gradient (a learned bias) is SDPA's: the written-out backward gives masks none.
+    return (attention_mask.dtype == torch.bool or attention_mask.is_floating_point()) and not attention_mask.requires_grad
 
 
 def attention_with_cheap_masks(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -108,26 +111,65 @@ def attention_with_cheap_masks(module: nn.Module, query: torch.Tensor, key: torc
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     with torch.autocast(device_type="cpu", enabled=False):  # the math path computes reduced precisions in float32
         query_, key_, value_ = (tensor.float() for tensor in (query, key, value))
-        scores = torch.matmul(query_, key_.transpose(-1, -2)).mul_(scale)
-        has_key = None
+        bias = rows_kept = None
         if attention_mask is not None:
             # Masked keys at the dtype's lowest value, not -inf: exp() makes them exactly 0 either way, but a
-            # query with no key left then gets a finite softmax row (not NaN), which its dropout mask zeroes
-            # below, as the math path's softmax gives such a query zeros; the guard costs mask-sized work only.
-            lowest = torch.finfo(scores.dtype).min
+            # query with no key left then gets a finite softmax row (not NaN), which rows_kept zeroes, as the
+            # math path's softmax gives such a query zeros; the guard costs mask-sized work only.
+            lowest = torch.finfo(torch.float32).min
             if attention_mask.dtype == torch.bool:
-                scores = scores.masked_fill(attention_mask.logical_not(), lowest)
+                bias = torch.zeros(attention_mask.shape).masked_fill_(attention_mask.logical_not(), lowest)
                 has_key = attention_mask.any(dim=-1, keepdim=True)
             else:
-                scores = scores + attention_mask.clamp_min(lowest)
+                bias = attention_mask.float().clamp_min(lowest)
                 has_key = (attention_mask > float("-inf")).any(dim=-1, keepdim=True)
-        probabilities = scores.softmax(dim=-1)
-        keep = keep_mask(probabilities, dropout)
-        if has_key is not None:
-            keep &= has_key
-        noise = keep.to(probabilities.dtype).div_(1 - dropout)
-        output = torch.matmul(probabilities * noise, value_)
+            rows_kept = has_key.float()
+        keep = keep_mask(torch.empty(query.shape[:-1] + key.shape[-2:-1]), dropout)
+        output = _DroppedOutAttention.apply(query_, key_, value_, bias, keep, rows_kept, scale, 1 / (1 - dropout))
     return output.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+class _DroppedOutAttention(torch.autograd.Function):
+    """``softmax(query · keyᵀ · scale + bias) ⊙ keep / (1 - p) · value``, each query's row times ``rows_kept``.
+
+    Written with its own backward because autograd's of the same steps is twice the work on the CPU:
+    it copies the scores for the mask, multiplies them by the scale, converts and rescales the mask and
+    pushes the gradient back through each of those, all over ``[batch, heads, length, length]``. Here
+    the scale goes into the query, ``1 / (1 - p)`` and the no-key guard into the ``[.., length, head
+    size]`` output, and masked keys need no backward step (their probabilities are exactly 0, so
+    softmax's backward gives them 0). A packed CoNLL-2003 batch's attention, forward and backward:
+    4.9 ms with autograd, 3.4 ms with this (docs/benchmark.md). Inputs float32 ``[batch, heads,
+    length, size]``; ``keep`` boolean ``[batch, heads, queries, keys]``; ``bias`` and ``rows_kept``
+    broadcast to the scores and to ``[batch, heads, queries, 1]``, or None.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, bias, keep, rows_kept, scale: float, keep_scale: float):
+        # Contiguous operands: the projections hand over [batch, length, heads, size] transposed, and a
+        # batched matmul on that layout copies each head's matrix on its own.
+        query = query.mul(scale).contiguous()
+        key, value = key.contiguous(), value.contiguous()
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        if bias is not None:
+            scores.add_(bias)
+        probabilities = scores.softmax(dim=-1)
+        kept = probabilities * keep
+        output_scale = keep_scale if rows_kept is None else rows_kept * keep_scale
+        ctx.save_for_backward(query, key, value, probabilities, kept, keep, rows_kept)
+        ctx.scale, ctx.keep_scale = scale, keep_scale
+        return torch.matmul(kept, value).mul_(output_scale)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        query, key, value, probabilities, kept, keep, rows_kept = ctx.saved_tensors
+        output_scale = ctx.keep_scale if rows_kept is None else rows_kept * ctx.keep_scale
+        grad_output = grad_output.mul(output_scale).contiguous()
+        grad_value = torch.matmul(kept.transpose(-1, -2), grad_output)
+        grad_kept = torch.matmul(grad_output, value.transpose(-1, -2)).mul_(keep)
+        grad_scores = torch._softmax_backward_data(grad_kept, probabilities, -1, probabilities.dtype)
+        grad_query = torch.matmul(grad_scores, key).mul_(ctx.scale)
+        grad_key = torch.matmul(grad_scores.transpose(-1, -2), query)
+        return grad_query, grad_key, grad_value, None, None, None, None, None
 
 
 def draw_cheap_attention_dropout_masks(model: nn.Module) -> int:

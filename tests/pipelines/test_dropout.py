@@ -155,16 +155,18 @@ def _recorded_masks(monkeypatch) -> list[torch.Tensor]:
     return drawn
 
 
-@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_dropout_is_sdpas_math_path_with_the_drawn_mask(monkeypatch, dtype, mask_kind):
     """Output and gradients equal torch's own SDPA math kernel given the same keep mask (its test-only
     dropout_mask argument), in float32 and, for bf16 inputs, computed in float32 as that kernel does;
-    for a boolean mask and for an additive one (-inf at masked keys)."""
+    for a boolean mask, an additive one (-inf at masked keys) and none (every query sees every key)."""
     p, scale = 0.25, 8 ** -0.5
     drawn = _recorded_masks(monkeypatch)
     query, key, value, mask = _attention_inputs(dtype)
-    given = mask if mask_kind == "bool" else _additive(mask)
+    if mask_kind == "none":
+        mask = torch.ones_like(mask)
+    given = {"bool": mask, "additive": _additive(mask), "none": None}[mask_kind]
     output, weights = attention_with_cheap_masks(_Attention(), query, key, value, given, dropout=p, scaling=scale)
     assert weights is None and output.dtype == dtype and output.shape == (3, 10, 4, 8)
     assert len(drawn) == 1 and drawn[0].shape == (3, 4, 10, 10) and drawn[0].dtype == torch.bool
@@ -178,13 +180,13 @@ def test_attention_dropout_is_sdpas_math_path_with_the_drawn_mask(monkeypatch, d
     expected = torch.autograd.grad(reference, inputs, gradient.float())
     tolerance = dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(output.float(), reference, **tolerance)
-    assert not output[2, 5].any() and output.isfinite().all()
+    assert output[2, 5].any() == (mask_kind == "none") and output.isfinite().all()
     for name, got, want in zip(("query", "key", "value"), ours, expected):
         assert got.isfinite().all(), name
         torch.testing.assert_close(got.float(), want, **tolerance, msg=lambda text, name=name: f"{name}: {text}")
     # A dropped probability reaches no output: value rows seen only through dropped pairs get no gradient.
     unread = (~drawn[0] | ~mask).all(dim=2)  # [batch, heads, keys]: no query of the head keeps the key
-    assert unread.any()
+    assert unread.any() or mask_kind == "none"  # unmasked, each key is dropped for all 10 queries with p 1e-6
     assert not ours[2][unread].any() and ours[2][~unread].abs().sum(dim=-1).gt(0).all()
 
 
@@ -199,8 +201,8 @@ def test_attention_under_bf16_autocast_computes_in_float32_and_returns_bf16(monk
     torch.testing.assert_close(output.float(), reference.transpose(1, 2).to(torch.bfloat16).float(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("case", ["no dropout", "no gradient", "causal without a mask",
-                                  "position bias", "attention weights asked for", "off the cpu"])
+@pytest.mark.parametrize("case", ["no dropout", "no gradient", "causal without a mask", "position bias",
+                                  "attention weights asked for", "a mask that learns", "off the cpu"])
 def test_attention_calls_it_does_not_write_out_are_sdpas_own(monkeypatch, case):
     """Evaluation, causal attention left to SDPA's own kernel, and the calls with arguments only SDPA's
     wrapper handles run transformers' sdpa_attention_forward itself."""
@@ -220,6 +222,8 @@ def test_attention_calls_it_does_not_write_out_are_sdpas_own(monkeypatch, case):
         kwargs["position_bias"] = torch.zeros(1, 4, 10, 10)
     elif case == "attention weights asked for":
         kwargs["output_attentions"] = True
+    elif case == "a mask that learns":
+        mask = _additive(mask).clamp_min(-1e4).requires_grad_()
     elif case == "off the cpu":
         query, key, value = (tensor.detach().to("meta") for tensor in (query, key, value))
         mask = mask.to("meta")
