@@ -10,7 +10,8 @@ from transformers import AutoTokenizer, BertForTokenClassification, DataCollator
 
 from pipelines.config import ConfigError
 from pipelines.packing import (
-    PackingCollator, check_packing_is_exact, count_samples_and_tokens, first_fit_decreasing, position_offset,
+    ROW_SLACK, PackingCollator, check_packing_is_exact, count_samples_and_tokens, first_fit_decreasing,
+    fewest_positions_layout, position_offset,
 )
 from tests.conftest import corpus_sentences
 
@@ -25,6 +26,41 @@ def test_first_fit_decreasing_places_every_example_once_within_capacity():
         assert all(sum(lengths[i] for i in row) <= capacity for row in rows)
         # No two rows could be merged: first fit leaves at most one row at most half full.
         assert sum(sum(lengths[i] for i in row) <= capacity / 2 for row in rows) <= 1
+
+
+def _positions(lengths: list[int], rows: list[list[int]]) -> tuple[int, int]:
+    """(positions a packed batch computes, its row width) for a layout."""
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    return len(rows) * width, width
+
+
+def test_fewest_positions_layout_never_computes_more_than_first_fit_at_the_longest_width():
+    rng = random.Random(3)
+    fewer = 0
+    for _ in range(300):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 24))]
+        rows = fewest_positions_layout(lengths)
+        assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+        positions, width = _positions(lengths, rows)
+        assert max(lengths) <= width <= max(lengths) * ROW_SLACK
+        tight, _ = _positions(lengths, first_fit_decreasing(lengths, max(lengths)))
+        assert positions <= tight
+        fewer += positions < tight
+    assert fewer > 50  # the slack pays in a good share of random batches, not in a corner case
+
+
+def test_fewest_positions_layout_widens_rows_only_when_that_saves_positions():
+    # At width 10: [10] [6 2] [6] [6] = 4 rows x 10 = 40 positions; at 12: [10 2] [6 6] [6] = 3 x 12 = 36.
+    rows = fewest_positions_layout([10, 6, 6, 6, 2])
+    assert _positions([10, 6, 6, 6, 2], rows) == (36, 12)
+    assert sorted(sorted(row) for row in rows) == [[0, 4], [1, 2], [3]]
+    # Widening saves nothing here (2 rows at 10 either way): the rows stay at the longest example's width.
+    assert _positions([10, 5, 5], fewest_positions_layout([10, 5, 5])) == (20, 10)
+    # 6 rows x 10 or 5 rows x 12: as many positions, and the shorter rows attend over less.
+    tied = [10, 10, 10, 10, 8, 2, 2, 2, 2, 2]
+    assert _positions(tied, fewest_positions_layout(tied)) == (60, 10)
+    # The slack bounds the width: 12 would hold [10 2] in one row, but 10 x 1.1 allows 11 at most.
+    assert _positions([10, 2], fewest_positions_layout([10, 2], slack=1.1)) == (20, 10)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +83,7 @@ def test_packed_batch_layout_positions_labels_and_mask(tiny_ner):
     batch = packing(features)
     lengths = [len(f["input_ids"]) for f in features]
     rows, width = batch["input_ids"].shape
-    assert width == max(lengths) and rows < len(features)
+    assert max(lengths) <= width <= max(lengths) * ROW_SLACK and rows < len(features)
     mask = batch["attention_mask"][:, 0]
     seen = []
     for row in range(rows):
