@@ -132,7 +132,7 @@ def attention_with_cheap_masks(module: nn.Module, query: torch.Tensor, key: torc
 class _DroppedOutAttention(torch.autograd.Function):
     """``softmax(query · keyᵀ · scale + bias) ⊙ keep / (1 - p) · value``, each query's row times ``rows_kept``.
 
-    Written with its own backward because autograd's of the same steps is twice the work on the CPU:
+    Written with its own backward because autograd, given the same steps, does more passes on the CPU:
     it copies the scores for the mask, multiplies them by the scale, converts and rescales the mask and
     pushes the gradient back through each of those, all over ``[batch, heads, length, length]``. Here
     the scale goes into the query, ``1 / (1 - p)`` and the no-key guard into the ``[.., length, head
