@@ -49,7 +49,7 @@ from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.first_position import last_layer_at_first_position
 from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters
-from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, plan_steps
+from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, clip_gradients, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
 from pipelines.runtime import (
@@ -264,7 +264,7 @@ def _run(
                     if accelerator.sync_gradients:
                         loss_weighting.finish_window(model.parameters())
                         if config.train.max_grad_norm:
-                            accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm)
+                            clip_gradients(accelerator, model.parameters(), config.train.max_grad_norm)
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)

@@ -104,3 +104,22 @@ def test_train_on_the_cpu_draws_every_dropout_mask_with_cheap_masks(tmp_path, ti
     assert len(attention) == 3 * bert.num_hidden_layers
     assert all(shape[1] == bert.num_attention_heads and shape[3] >= shape[2] for shape in attention), attention
     assert sum(shape[2] == 1 for shape in attention) == 3  # the last layer's query at position 0 alone
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, None])
+def test_train_clips_every_update_with_max_grad_norm(tmp_path, tiny_bert, sentiment_files, monkeypatch, max_grad_norm):
+    """Adam divides by the gradients' own scale, so clipping barely shows in the weights: the calls are counted."""
+    from pipelines import train as train_module
+    from pipelines.cli import load_run_config
+    from tests.conftest import classification_config
+
+    clipped = []
+    original = train_module.clip_gradients
+    monkeypatch.setattr(train_module, "clip_gradients", lambda accelerator, parameters, max_norm: clipped.append(max_norm)
+                        or original(accelerator, parameters, max_norm))
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=None,
+                                                                 mixed_precision="no")),
+                             [f"train.max_grad_norm={'null' if max_grad_norm is None else max_grad_norm}"])
+    metrics = train_module.train(config, get_task(config.task)(config))
+    assert metrics["global_step"] == 3
+    assert clipped == ([] if max_grad_norm is None else [max_grad_norm] * 3)
