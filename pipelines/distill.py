@@ -319,6 +319,11 @@ class DistillationModel(torch.nn.Module):
             return self.student(**batch)
         with_hidden = self.hidden_weight > 0
         outputs = self.student(**batch, output_hidden_states=with_hidden) if with_hidden else self.student(**batch)
+        if self.alpha < 1.0 and outputs.loss is None:
+            raise DistillError("the student returned no task loss: the collator supplied no labels")
+        if self.alpha == 0 and not with_hidden:
+            # The task loss alone (a sweep's alpha=0 baseline): the teacher's forward would only be multiplied by 0.
+            return outputs
         teacher = self.teacher
         device = batch["input_ids"].device
         if next(teacher.parameters()).device != device:
@@ -330,8 +335,6 @@ class DistillationModel(torch.nn.Module):
             teacher_outputs = teacher(**inputs, output_hidden_states=with_hidden) if with_hidden else teacher(**inputs)
         loss = self.alpha * distillation_loss(outputs, teacher_outputs, batch, self.student.config, self.temperature)
         if self.alpha < 1.0:
-            if outputs.loss is None:
-                raise DistillError("the student returned no task loss: the collator supplied no labels")
             loss = loss + (1.0 - self.alpha) * outputs.loss
         if with_hidden:
             loss = loss + self.hidden_weight * hidden_state_loss(outputs.hidden_states, teacher_outputs.hidden_states, self.layer_map, batch.get("attention_mask"))

@@ -491,3 +491,34 @@ def test_distill_into_its_own_teacher_is_refused_naming_both_keys_without_the_co
     assert "distill.teacher is output_dir: the student must be written to another output_dir" in message, message
     # the whole resolved config followed as "(got {...})", every key of it, after a "bad value for '(top level)'"
     assert "(got" not in message and "(top level)" not in message and "learning_rate" not in message, message
+
+
+@pytest.mark.parametrize("alpha, hidden_weight, teacher_runs", [(0.0, 0.0, False), (0.0, 0.5, True), (0.5, 0.0, True)])
+def test_distill_alpha_zero_without_hidden_states_trains_on_the_task_loss_without_the_teacher(alpha, hidden_weight, teacher_runs):
+    """alpha=0 (a sweep's baseline) multiplied the teacher's KL by 0: its forward was thrown away, and a teacher giving
+    NaN made the loss NaN. Now the loss is the student's task loss, bit for bit, and the teacher never runs."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from pipelines.distill import DistillationModel
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    student, teacher = BertForSequenceClassification(config), BertForSequenceClassification(config)
+    calls = []
+
+    def spoil(module, args, output):
+        calls.append(1)
+        output.logits.fill_(float("nan"))
+
+    teacher.register_forward_hook(spoil)
+    model = DistillationModel(student, teacher, alpha=alpha, temperature=2.0, hidden_weight=hidden_weight,
+                              layer_map=[(0, 0), (1, 1)]).train()
+    batch = {"input_ids": torch.randint(5, 50, (3, 7)), "attention_mask": torch.ones(3, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 1])}
+    loss = model(**batch).loss
+    assert bool(calls) == teacher_runs
+    if not teacher_runs:
+        assert torch.equal(loss, student(**batch).loss)
+    with pytest.raises(DistillError, match="no task loss"):
+        model(**{key: value for key, value in batch.items() if key != "labels"})
