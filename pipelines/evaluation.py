@@ -31,6 +31,7 @@ from pipelines.config import RunConfig
 from pipelines.data import load_raw, split_source, split_where
 from pipelines.errors import DataError, ModelError, OutputDirError, failures_named
 from pipelines.first_position import last_layer_at_first_position
+from pipelines.labelled_positions import head_at_labelled_positions
 from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
 from pipelines.onnx_model import export_precision, is_export_dir
@@ -140,8 +141,10 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
             "pipelines.modeling.load_model; its build_model(model_path=...) must use load_model"
         )
     # Predict and evaluate read a sequence classifier's logits only: its last layer need not compute the
-    # positions its head never reads (pipelines/first_position.py; any other model is left as loaded).
+    # positions its head never reads (pipelines/first_position.py), nor a masked-LM head the positions no
+    # label scores (pipelines/labelled_positions.py); any other model is left as loaded.
     last_layer_at_first_position(model)
+    head_at_labelled_positions(model)
     return accelerator, model
 
 

@@ -48,6 +48,7 @@ from pipelines.dropout import draw_cheap_attention_dropout_masks, draw_cheap_dro
 from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.first_position import last_layer_at_first_position
+from pipelines.labelled_positions import head_at_labelled_positions
 from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, clip_gradients, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
@@ -154,6 +155,8 @@ def _run(
     if not config.train.pack_sequences:
         # A packed row holds several examples, each with its own first position.
         last_layer_at_first_position(model)
+    # A masked-LM head computes the positions the loss reads only (pipelines/labelled_positions.py).
+    head_at_labelled_positions(model)
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:
         # In place (nn.Module.compile): the module keeps its class and state_dict keys, so unwrapping,

@@ -353,15 +353,17 @@ class MlmTask(TaskBase):
         batch = dict(batch)
         labels = batch.pop("labels", None)
         next_sentence = batch.pop("next_sentence_label", None)
-        outputs = model(**batch)
-        logits = _prediction_logits(outputs)
         if labels is None:
-            return self._top_fillers(logits, batch["input_ids"])
+            return self._top_fillers(_prediction_logits(model(**batch)), batch["input_ids"])
         # Only masked positions are scored, and only per-example sums leave the step: the
-        # full-vocabulary logits are never gathered.
+        # full-vocabulary logits are never gathered. Given the labels, a listed family's model computes
+        # its head at the labelled positions only and returns their logits, row by row
+        # (pipelines/labelled_positions.py); any other returns every position's.
+        outputs = model(**batch, labels=labels)
+        logits = _prediction_logits(outputs)
         targets = labels != IGNORE_INDEX
         rows = targets.nonzero()[:, 0]
-        scored = logits[targets].float()
+        scored = (logits if logits.dim() == 2 else logits[targets]).float()
         losses = F.cross_entropy(scored, labels[targets], reduction="none")
         hits = (scored.argmax(-1) == labels[targets]).float()
         size = labels.shape[0]

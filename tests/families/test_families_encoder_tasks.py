@@ -195,6 +195,37 @@ def test_families_mlm_whole_word_masks_and_fill_mask_agree(family, family_checkp
         assert [c["score"] for c in row["masks"][0]["predictions"]] == pytest.approx([c["score"] for c in served], abs=1e-4)
 
 
+@pytest.mark.parametrize("family", MLM_FAMILIES + PADDING_DEPENDENT_FAMILIES)
+def test_families_mlm_head_at_labelled_positions_gives_the_familys_loss_and_gradients(family, family_checkpoint):
+    """Every family's masked-LM trains with its head at the labelled positions only (pipelines/labelled_positions.py):
+    the same loss and gradients as the family's own forward, on its own tokenizer's padded batch."""
+    import copy
+
+    from pipelines.labelled_positions import head_at_labelled_positions
+
+    checkpoint = family_checkpoint(family)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    whole = AutoModelForMaskedLM.from_pretrained(checkpoint).eval()  # no dropout: the two forwards see the same network
+    narrowed = copy.deepcopy(whole)
+    assert head_at_labelled_positions(narrowed), family
+    batch = dict(tokenizer(mlm_lines(3, 4), padding=True, return_special_tokens_mask=True, return_tensors="pt"))
+    ordinary = (batch.pop("special_tokens_mask") == 0) & batch["attention_mask"].bool()
+    labelled = ordinary & (torch.rand(ordinary.shape, generator=torch.Generator().manual_seed(0)) < 0.3)
+    batch["labels"] = torch.where(labelled, batch["input_ids"], -100)
+    results = []
+    for model in (whole, narrowed):
+        outputs = model(**batch)
+        outputs.loss.backward()
+        results.append((outputs, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}))
+    (whole_outputs, gradients), (narrowed_outputs, narrowed_gradients) = results
+    assert narrowed_outputs.logits.shape == (int(labelled.sum()), whole_outputs.logits.shape[-1]), family
+    torch.testing.assert_close(narrowed_outputs.logits, whole_outputs.logits[labelled], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(narrowed_outputs.loss, whole_outputs.loss, rtol=1e-6, atol=1e-6)
+    assert narrowed_gradients.keys() == gradients.keys()
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(narrowed_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=f"{family}: {name}")
+
+
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)
 @pytest.mark.parametrize("tag", sorted(HEADS))
 def test_families_lora_attaches_without_naming_target_modules(family, tag, family_checkpoint):

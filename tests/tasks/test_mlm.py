@@ -344,6 +344,53 @@ def test_mlm_perplexity_is_exp_of_mean_masked_token_loss(prepared):
     assert metrics["loss"] == pytest.approx(reference_loss, rel=1e-5)
 
 
+def test_mlm_evaluation_with_the_head_at_labelled_positions_gives_the_same_sums(prepared):
+    """The loop and `bertpipe evaluate` narrow a masked-LM's head to the labelled positions
+    (pipelines/labelled_positions.py); predict_step reads their logits from either model alike."""
+    import copy
+
+    from pipelines.labelled_positions import head_at_labelled_positions
+
+    task, raw, model = prepared
+    narrowed = copy.deepcopy(model)
+    assert head_at_labelled_positions(narrowed)
+    features = task.preprocess(raw["validation"], train=False)
+    batch = task.collator(train=False)([features[i] for i in range(len(features))])
+    with torch.no_grad():
+        whole, narrow = task.predict_step(model, batch), task.predict_step(narrowed, batch)
+    assert whole.keys() == narrow.keys() and whole["masked_tokens"].sum() > 0
+    assert torch.equal(narrow["masked_tokens"], whole["masked_tokens"])
+    assert torch.equal(narrow["masked_correct"], whole["masked_correct"])
+    torch.testing.assert_close(narrow["masked_loss_sum"], whole["masked_loss_sum"], rtol=1e-5, atol=1e-5)
+
+
+def test_mlm_training_and_evaluation_compute_the_head_at_the_labelled_positions_only(tmp_path, corpus_file, monkeypatch):
+    """Through the loop (pipelines/train.py) every forward of the run, training steps and evaluations, and
+    through `bertpipe evaluate` (pipelines/evaluation.py) every forward of the finished run, hands the decoder
+    the labelled positions' rows only."""
+    from pipelines import evaluation
+    from pipelines import train as train_module
+
+    handed = []
+    original = train_module.head_at_labelled_positions
+
+    def narrow_and_watch(model):
+        model.get_output_embeddings().register_forward_pre_hook(lambda module, args: handed.append(args[0].dim()))
+        return original(model)
+
+    monkeypatch.setattr(train_module, "head_at_labelled_positions", narrow_and_watch)
+    config = mlm_config(tmp_path, corpus_file, "train.max_steps=3", "train.eval_steps=2", "train.mixed_precision=no")
+    metrics = train_module.train(config, MlmTask(config))
+    assert metrics["global_step"] == 3 and np.isfinite(metrics["eval_perplexity"])
+    assert len(handed) > 3 and set(handed) == {2}, handed  # [labelled rows, hidden], never [batch, length, hidden]
+
+    handed.clear()
+    monkeypatch.setattr(evaluation, "head_at_labelled_positions", narrow_and_watch)
+    evaluated = evaluation.evaluate_run(config, MlmTask(config), str(config.output_dir))
+    assert evaluated["eval_perplexity"] == pytest.approx(metrics["eval_perplexity"], rel=1e-5)
+    assert handed and set(handed) == {2}, handed
+
+
 def test_mlm_evaluation_masks_are_deterministic_training_masks_are_fresh(prepared):
     task, raw, _ = prepared
     first = task.preprocess(raw["validation"], train=False)
