@@ -16,6 +16,10 @@ from transformers import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForTokenClassification,
+    DebertaConfig,
+    DebertaForMaskedLM,
+    DebertaV2Config,
+    DebertaV2ForMaskedLM,
     ModernBertConfig,
     ModernBertForMaskedLM,
 )
@@ -161,6 +165,23 @@ def test_head_at_labelled_positions_switches_modernberts_own_sparse_prediction_b
     torch.testing.assert_close(outputs.loss, whole(**batch).loss, rtol=1e-6, atol=1e-6)
     narrowed.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["sparse_prediction"] is False
+
+
+@pytest.mark.parametrize("config_class, model_class", [(DebertaConfig, DebertaForMaskedLM), (DebertaV2Config, DebertaV2ForMaskedLM)])
+def test_head_at_labelled_positions_of_debertas_non_legacy_head(config_class, model_class):
+    """DeBERTa's head without ``legacy`` takes the word embeddings as a second input (the family matrix's
+    checkpoints are legacy): the hidden states, its first, are the ones narrowed."""
+    torch.manual_seed(0)
+    whole = model_class(config_class(**SIZES, legacy=False)).eval()
+    narrowed = copy.deepcopy(whole)
+    assert head_at_labelled_positions(narrowed)
+    batch = _batch()
+    loss, logits, gradients = _run(whole, batch)
+    narrowed_loss, narrowed_logits, narrowed_gradients = _run(narrowed, batch)
+    torch.testing.assert_close(narrowed_loss, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(narrowed_logits, logits[batch["labels"] != IGNORE_INDEX], rtol=1e-5, atol=1e-6)
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(narrowed_gradients[name], gradient, rtol=1e-4, atol=1e-7, msg=name)
 
 
 def test_head_at_labelled_positions_leaves_every_other_model_as_it_is():
