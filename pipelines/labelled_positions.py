@@ -1,26 +1,31 @@
-"""A masked-LM's prediction head computed at the labelled positions only.
+"""A model's vocabulary head computed at the labelled positions only: masked-LM and sequence-to-sequence.
 
 In:  a model about to train, or a finished run's model about to evaluate.
-Out: when it is one of the masked-LM classes in ``_HEAD_INPUT`` (or ModernBERT's), the same model, whose
+Out: when it is one of the classes in ``_HEAD_INPUT`` (or ModernBERT's masked-LM), the same model, whose
      forward — when given ``labels`` — feeds its prediction head the last hidden states at the labelled
      positions only (label not -100) and returns those positions' logits, ``[labelled positions, vocab]``
-     in row-major order, with the family's loss; without ``labels`` the family's forward, every position's
-     logits. Any other model is untouched. Returns whether it changed the model.
+     in row-major order, with the family's loss; without ``labels`` (generation, fill-mask) the family's
+     forward, every position's logits. Any other model is untouched. Returns whether it changed the model.
 
-Why: masked-LM scores ~15% of the positions, but each family's forward runs the head — a hidden × hidden
-transform and the hidden × vocabulary decoder, the largest matmul of a small model — at every position,
-and the loss then ignores the other 85%. For the shipped from-scratch config (4 layers of 256, a vocabulary
-of 8,000) the decoder is ~40% of a token's matmul work; a training step takes 0.70× the time without it
-(docs/benchmark.md). BERT's own pretraining code gathers the masked positions before its head for the
-same reason; ModernBERT has it built in (``sparse_prediction``), which is what this switches on there.
+Why: the head ends in the hidden × vocabulary matmul, the largest of a small model, and each family's
+forward runs it at every position before a loss that ignores most of them. Masked-LM scores ~15% of the
+positions: for the shipped from-scratch config (4 layers of 256, a vocabulary of 8,000) the decoder is
+~40% of a token's matmul work, for MiniLM 52%. A translation batch's targets are padded to its longest
+(Multi30k, batches of 32: 24% of target positions are padding), and the decoder's projection onto
+30,522 (bert2bert MiniLM) to 250,000 words ran there too. docs/benchmark.md measures both. BERT's own
+pretraining code gathers the masked positions before its head for the same reason; ModernBERT has it
+built in (``sparse_prediction``), which is what this switches on there.
 
 Exact: the loss is the family's cross-entropy over the same positions (their mean), the heads have no
 dropout, so a seed draws the same masks; the head's matmuls over fewer rows may round their last bit
 differently. What changes is the shape of ``logits`` when labels are given: the loop reads ``loss`` only,
-evaluation (tasks/mlm) reads the logits of the labelled positions, and distillation, which compares every
-position's logits with the teacher's, wraps the model in a class that is not listed. The class is swapped on
-the module object for a subclass that carries the family's name, so ``save_pretrained`` still writes the
-family's architecture; the state dict, parameters and hooks are untouched.
+masked-LM evaluation (tasks/mlm) reads the labelled positions' logits, and distillation, which compares
+every position's logits with the teacher's, wraps the model in a class that is not listed. An
+encoder-decoder called without decoder inputs builds them from its labels, so it keeps its own forward
+then (DataCollatorForSeq2Seq gives them, except for M2M100 and NLLB, which have no method to build them).
+The class is swapped on the module object for a subclass that carries the family's name and forward
+signature, so ``save_pretrained`` still writes the family's architecture and ``generate`` sees the
+family's inputs; the state dict, parameters and hooks are untouched.
 """
 
 from __future__ import annotations
@@ -32,19 +37,27 @@ from typing import Callable
 from torch import nn
 from transformers import (
     AlbertForMaskedLM,
+    BartForConditionalGeneration,
     BertForMaskedLM,
     BertForPreTraining,
+    BertLMHeadModel,
     BigBirdForMaskedLM,
     DebertaForMaskedLM,
     DebertaV2ForMaskedLM,
     DistilBertForMaskedLM,
     ElectraForMaskedLM,
+    EncoderDecoderModel,
     FunnelForMaskedLM,
     LongformerForMaskedLM,
+    M2M100ForConditionalGeneration,
+    MarianMTModel,
+    MBartForConditionalGeneration,
     MobileBertForMaskedLM,
     ModernBertForMaskedLM,
     MPNetForMaskedLM,
+    PegasusForConditionalGeneration,
     RobertaForMaskedLM,
+    T5ForConditionalGeneration,
     XLMRobertaForMaskedLM,
 )
 
@@ -72,22 +85,35 @@ _HEAD_INPUT: dict[type[nn.Module], Callable[[nn.Module], nn.Module]] = {
     LongformerForMaskedLM: lambda model: model.lm_head,
     DebertaForMaskedLM: _deberta_head,
     DebertaV2ForMaskedLM: _deberta_head,
+    # Sequence-to-sequence: the decoder's vocabulary projection, at the target positions that are not padding.
+    T5ForConditionalGeneration: lambda model: model.lm_head,  # after T5's rescaling of the decoder output
+    BartForConditionalGeneration: lambda model: model.lm_head,  # final_logits_bias is added per row after it
+    MBartForConditionalGeneration: lambda model: model.lm_head,
+    MarianMTModel: lambda model: model.lm_head,
+    PegasusForConditionalGeneration: lambda model: model.lm_head,
+    M2M100ForConditionalGeneration: lambda model: model.lm_head,  # NLLB's class too
+    EncoderDecoderModel: lambda model: _DECODER_HEAD[type(model.decoder)](model.decoder),
 }
+# The decoders an EncoderDecoderModel (bert2bert) may hold whose head is listed here.
+_DECODER_HEAD: dict[type[nn.Module], Callable[[nn.Module], nn.Module]] = {BertLMHeadModel: lambda decoder: decoder.cls}
 
 
-class _HeadAtLabelledPositions:
-    """Mixed in before a listed masked-LM class: with labels, its head sees the labelled positions only."""
+def _forward_with_head_at_labelled_positions(family: type[nn.Module]) -> Callable:
+    """``family``'s forward, with labels handing its head the labelled positions only."""
 
-    _family: type[nn.Module]
-
+    # wraps: generate() and peft read the family's parameters from the forward's signature.
+    @functools.wraps(family.forward)
     def forward(self, input_ids=None, *args, labels=None, **kwargs):
-        if labels is None or args or kwargs.get("return_dict") is False:
-            return super().forward(input_ids, *args, labels=labels, **kwargs)
+        # Without decoder inputs an encoder-decoder builds them from the labels, which it is not given below.
+        builds_decoder_inputs = self.config.is_encoder_decoder and kwargs.get("decoder_input_ids") is None \
+            and kwargs.get("decoder_inputs_embeds") is None
+        if labels is None or args or kwargs.get("return_dict") is False or builds_decoder_inputs:
+            return family.forward(self, input_ids, *args, labels=labels, **kwargs)
         labelled = labels != IGNORE_INDEX
-        head = _HEAD_INPUT[self._family](self)
+        head = _HEAD_INPUT[family](self)
         narrowing = head.register_forward_pre_hook(lambda module, inputs: (inputs[0][labelled], *inputs[1:]))
         try:
-            outputs = super().forward(input_ids, **kwargs)  # without labels: no loss over every position
+            outputs = family.forward(self, input_ids, **kwargs)  # without labels: no loss over every position
         finally:
             narrowing.remove()
         pretraining = "prediction_logits" in outputs
@@ -99,25 +125,27 @@ class _HeadAtLabelledPositions:
             loss = None if next_sentence is None else loss + nn.CrossEntropyLoss()(relationship.view(-1, 2), next_sentence.view(-1))
         return dataclasses.replace(outputs, loss=loss)
 
+    return forward
+
 
 @functools.cache
 def _labelled_positions_class(family: type[nn.Module]) -> type[nn.Module]:
     # The family's own name: save_pretrained writes the class name into config.architectures.
-    return type(family.__name__, (_HeadAtLabelledPositions, family),
-                {"_family": family, "__module__": family.__module__, "__qualname__": family.__qualname__})
+    return type(family.__name__, (family,), {"forward": _forward_with_head_at_labelled_positions(family),
+                                            "__module__": family.__module__, "__qualname__": family.__qualname__})
 
 
 def head_at_labelled_positions(model: nn.Module) -> bool:
-    """Makes ``model``'s forward with labels compute its masked-LM head at the labelled positions only, when
+    """Makes ``model``'s forward with labels compute its vocabulary head at the labelled positions only, when
     its class is listed; returns whether it did. A peft-wrapped model is looked through to the model it wraps
     (the head, kept trainable by peft's ``modules_to_save``, is narrowed through its wrapper)."""
-    masked_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    family = type(masked_lm)
+    wrapped = model.get_base_model() if hasattr(model, "get_base_model") else model
+    family = type(wrapped)
     if family is ModernBertForMaskedLM:
         # On the object, not its config: the saved model keeps the checkpoint's setting.
-        masked_lm.sparse_prediction, masked_lm.sparse_pred_ignore_index = True, IGNORE_INDEX
+        wrapped.sparse_prediction, wrapped.sparse_pred_ignore_index = True, IGNORE_INDEX
         return True
-    if family not in _HEAD_INPUT:
+    if family not in _HEAD_INPUT or (family is EncoderDecoderModel and type(wrapped.decoder) not in _DECODER_HEAD):
         return False
-    masked_lm.__class__ = _labelled_positions_class(family)
+    wrapped.__class__ = _labelled_positions_class(family)
     return True

@@ -155,7 +155,7 @@ def _run(
     if not config.train.pack_sequences:
         # A packed row holds several examples, each with its own first position.
         last_layer_at_first_position(model)
-    # A masked-LM head computes the positions the loss reads only (pipelines/labelled_positions.py).
+    # A masked-LM or seq2seq vocabulary head computes the positions the loss reads only (pipelines/labelled_positions.py).
     head_at_labelled_positions(model)
     trainable_params, total_params = count_parameters(model)
     if config.train.compile:

@@ -6,6 +6,7 @@ tokenizer kind: tests/families/test_families_encoder_tasks.py.)"""
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 
 import pytest
@@ -20,8 +21,13 @@ from transformers import (
     DebertaForMaskedLM,
     DebertaV2Config,
     DebertaV2ForMaskedLM,
+    EncoderDecoderModel,
+    GPT2Config,
+    GPT2LMHeadModel,
     ModernBertConfig,
     ModernBertForMaskedLM,
+    T5Config,
+    T5ForConditionalGeneration,
 )
 
 from pipelines.labelled_positions import IGNORE_INDEX, head_at_labelled_positions
@@ -182,6 +188,41 @@ def test_head_at_labelled_positions_of_debertas_non_legacy_head(config_class, mo
     torch.testing.assert_close(narrowed_logits, logits[batch["labels"] != IGNORE_INDEX], rtol=1e-5, atol=1e-6)
     for name, gradient in gradients.items():
         torch.testing.assert_close(narrowed_gradients[name], gradient, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def _t5() -> T5ForConditionalGeneration:
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(T5Config(vocab_size=SIZES["vocab_size"], d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                               num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)).eval()
+
+
+def test_head_at_labelled_positions_of_a_seq2seq_model_keeps_its_signature_and_generation():
+    """Generation (evaluation inside the loop) passes no labels: the family's forward; generate() and peft read
+    which inputs the model takes from the forward's signature, which stays the family's."""
+    whole, narrowed = _t5(), _t5()
+    assert head_at_labelled_positions(narrowed)
+    assert inspect.signature(narrowed.forward) == inspect.signature(whole.forward)
+    source = torch.randint(2, SIZES["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(3))
+    generated = narrowed.generate(input_ids=source, attention_mask=torch.ones_like(source), max_new_tokens=5)
+    assert torch.equal(generated, whole.generate(input_ids=source, attention_mask=torch.ones_like(source), max_new_tokens=5))
+    # Training: target padding (-100) leaves the vocabulary projection; decoder inputs as the collator gives them.
+    labels = torch.tensor([[5, 6, 7, 1], [8, 1, IGNORE_INDEX, IGNORE_INDEX]])
+    batch = {"input_ids": source, "labels": labels, "decoder_input_ids": whole.prepare_decoder_input_ids_from_labels(labels=labels)}
+    loss, logits, gradients = _run(whole, batch)
+    narrowed_loss, narrowed_logits, narrowed_gradients = _run(narrowed, batch)
+    assert narrowed_logits.shape == (6, SIZES["vocab_size"])
+    torch.testing.assert_close(narrowed_loss, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(narrowed_logits, logits[labels != IGNORE_INDEX], rtol=1e-5, atol=1e-6)
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(narrowed_gradients[name], gradient, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_head_at_labelled_positions_leaves_an_encoder_decoder_with_an_unlisted_decoder_as_it_is():
+    torch.manual_seed(0)
+    model = EncoderDecoderModel(encoder=_bert().bert,
+                                decoder=GPT2LMHeadModel(GPT2Config(vocab_size=120, n_embd=32, n_layer=1, n_head=4, add_cross_attention=True)))
+    assert not head_at_labelled_positions(model)
+    assert type(model) is EncoderDecoderModel
 
 
 def test_head_at_labelled_positions_leaves_every_other_model_as_it_is():
