@@ -61,7 +61,7 @@ from transformers import (
     XLMRobertaForMaskedLM,
 )
 
-IGNORE_INDEX = -100  # transformers' masked-LM losses skip this label
+IGNORE_INDEX = -100  # the label transformers' losses skip
 
 
 def _deberta_head(model: nn.Module) -> nn.Module:
@@ -69,7 +69,7 @@ def _deberta_head(model: nn.Module) -> nn.Module:
 
 
 # The module each family's forward hands the last hidden states to first (the rest of the head follows it,
-# row by row); every listed forward is base model -> this head -> cross-entropy over every position.
+# row by row); every listed forward ends: last hidden states -> this head -> cross-entropy over every position.
 _HEAD_INPUT: dict[type[nn.Module], Callable[[nn.Module], nn.Module]] = {
     BertForMaskedLM: lambda model: model.cls,
     BertForPreTraining: lambda model: model.cls,  # its heads take (sequence, pooled): the first is narrowed
