@@ -12,7 +12,7 @@ forward runs it at every position before a loss that ignores most of them. Maske
 positions: for the shipped from-scratch config (4 layers of 256, a vocabulary of 8,000) the decoder is
 ~40% of a token's matmul work, for MiniLM 52%. A translation batch's targets are padded to its longest
 (Multi30k, batches of 32: 24% of target positions are padding), and the decoder's projection onto
-30,522 (bert2bert MiniLM) to 250,000 words ran there too. docs/benchmark.md measures both. BERT's own
+30,522 (bert2bert MiniLM) to 256,206 (NLLB-200) words ran there too. docs/benchmark.md measures both. BERT's own
 pretraining code gathers the masked positions before its head for the same reason; ModernBERT has it
 built in (``sparse_prediction``), which is what this switches on there.
 
@@ -21,8 +21,8 @@ dropout, so a seed draws the same masks; the head's matmuls over fewer rows may 
 differently. What changes is the shape of ``logits`` when labels are given: the loop reads ``loss`` only,
 masked-LM evaluation (tasks/mlm) reads the labelled positions' logits, and distillation, which compares
 every position's logits with the teacher's, wraps the model in a class that is not listed. An
-encoder-decoder called without decoder inputs builds them from its labels, so it keeps its own forward
-then (DataCollatorForSeq2Seq gives them, except for M2M100 and NLLB, which have no method to build them).
+encoder-decoder called without decoder inputs (DataCollatorForSeq2Seq gives them, but not to M2M100 and
+NLLB, which have no method to build them) gets them built here from the labels as its forward builds them.
 The class is swapped on the module object for a subclass that carries the family's name and forward
 signature, so ``save_pretrained`` still writes the family's architecture and ``generate`` sees the
 family's inputs; the state dict, parameters and hooks are untouched.
@@ -34,6 +34,7 @@ import dataclasses
 import functools
 from typing import Callable
 
+import torch
 from torch import nn
 from transformers import (
     AlbertForMaskedLM,
@@ -60,6 +61,7 @@ from transformers import (
     T5ForConditionalGeneration,
     XLMRobertaForMaskedLM,
 )
+from transformers.models.m2m_100.modeling_m2m_100 import shift_tokens_right as shift_m2m100_labels_right
 
 IGNORE_INDEX = -100  # the label transformers' losses skip
 
@@ -98,17 +100,24 @@ _HEAD_INPUT: dict[type[nn.Module], Callable[[nn.Module], nn.Module]] = {
 _DECODER_HEAD: dict[type[nn.Module], Callable[[nn.Module], nn.Module]] = {BertLMHeadModel: lambda decoder: decoder.cls}
 
 
+def _decoder_inputs_from_labels(model: nn.Module, labels: torch.Tensor) -> torch.Tensor:
+    """The labels shifted right behind the decoder start, as ``model``'s forward shifts them."""
+    if isinstance(model, M2M100ForConditionalGeneration):  # (and NLLB) no method for it: its forward's own shift
+        return shift_m2m100_labels_right(labels, model.config.pad_token_id, model.config.decoder_start_token_id)
+    return model.prepare_decoder_input_ids_from_labels(labels=labels)
+
+
 def _forward_with_head_at_labelled_positions(family: type[nn.Module]) -> Callable:
     """``family``'s forward, with labels handing its head the labelled positions only."""
 
     # wraps: generate() and peft read the family's parameters from the forward's signature.
     @functools.wraps(family.forward)
     def forward(self, input_ids=None, *args, labels=None, **kwargs):
-        # Without decoder inputs an encoder-decoder builds them from the labels, which it is not given below.
-        builds_decoder_inputs = self.config.is_encoder_decoder and kwargs.get("decoder_input_ids") is None \
-            and kwargs.get("decoder_inputs_embeds") is None
-        if labels is None or args or kwargs.get("return_dict") is False or builds_decoder_inputs:
+        if labels is None or args or kwargs.get("return_dict") is False:
             return family.forward(self, input_ids, *args, labels=labels, **kwargs)
+        if self.config.is_encoder_decoder and kwargs.get("decoder_input_ids") is None and kwargs.get("decoder_inputs_embeds") is None:
+            # What the family's forward builds from the labels, which it is not given below.
+            kwargs["decoder_input_ids"] = _decoder_inputs_from_labels(self, labels)
         labelled = labels != IGNORE_INDEX
         head = _HEAD_INPUT[family](self)
         narrowing = head.register_forward_pre_hook(lambda module, inputs: (inputs[0][labelled], *inputs[1:]))
