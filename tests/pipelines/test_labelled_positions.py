@@ -104,6 +104,18 @@ def test_head_at_labelled_positions_without_labels_is_the_familys_forward():
     torch.testing.assert_close(outputs.logits, whole(**batch).logits)
 
 
+def test_head_at_labelled_positions_called_positionally_or_for_a_tuple_is_the_familys_forward():
+    """The loop passes keywords; a caller passing inputs by position or asking for a tuple gets the family's call."""
+    whole, narrowed = _bert().eval(), _bert().eval()
+    head_at_labelled_positions(narrowed)
+    batch = _batch()
+    positional = narrowed(batch["input_ids"], batch["attention_mask"], labels=batch["labels"])
+    assert positional.logits.shape == (4, 12, SIZES["vocab_size"])
+    torch.testing.assert_close(positional.loss, whole(**batch).loss)
+    as_tuple = narrowed(**batch, return_dict=False)
+    assert isinstance(as_tuple, tuple) and as_tuple[1].shape == (4, 12, SIZES["vocab_size"])
+
+
 def test_head_at_labelled_positions_pretraining_without_next_sentence_labels_has_no_loss_as_the_family():
     whole, narrowed = _bert(BertForPreTraining).eval(), _bert(BertForPreTraining).eval()
     head_at_labelled_positions(narrowed)
