@@ -154,6 +154,33 @@ def translation_rows(count: int, seed: int) -> list[dict]:
     return rows
 
 
+# ----- the vocabulary head at the labelled positions ---------------------------------------------------------
+def head_at_labelled_positions_agrees(family: str, whole, batch: dict, labelled):
+    """Narrows a copy of ``whole`` (eval mode) with pipelines/labelled_positions.py and checks that one forward and
+    backward of ``batch`` gives the family's loss, the ``labelled`` rows' logits and every gradient; returns the copy."""
+    import copy
+
+    import torch
+
+    from pipelines.labelled_positions import head_at_labelled_positions
+
+    narrowed = copy.deepcopy(whole)
+    assert head_at_labelled_positions(narrowed), family
+    results = []
+    for model in (whole, narrowed):
+        outputs = model(**batch)
+        outputs.loss.backward()
+        results.append((outputs, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}))
+    (whole_outputs, gradients), (narrowed_outputs, narrowed_gradients) = results
+    assert narrowed_outputs.logits.shape == (int(labelled.sum()), whole_outputs.logits.shape[-1]), family
+    torch.testing.assert_close(narrowed_outputs.logits, whole_outputs.logits[labelled], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(narrowed_outputs.loss, whole_outputs.loss, rtol=1e-6, atol=1e-6)
+    assert narrowed_gradients.keys() == gradients.keys()
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(narrowed_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=f"{family}: {name}")
+    return narrowed
+
+
 # ----- pieces and words -----------------------------------------------------------------------------
 def word_spans(text: str) -> list[tuple[int, int]]:
     return [match.span() for match in re.finditer(r"\S+", text)]

@@ -22,7 +22,7 @@ from pipelines.modeling import count_parameters, load_model
 from pipelines.runtime import layer_classes_to_wrap
 from tests.conftest import write_jsonl
 from tests.families.builders import ENCODER_FAMILIES, MLM_FAMILIES, PADDING_DEPENDENT_FAMILIES
-from tests.families.matrix import card_code, mlm_lines, run_card_code, piece_word, predict, qa_rows, sentiment_rows, train, word_spans
+from tests.families.matrix import card_code, head_at_labelled_positions_agrees, mlm_lines, run_card_code, piece_word, predict, qa_rows, sentiment_rows, train, word_spans
 
 LABELS = {"num_labels": 3, "id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
 HEADS = {
@@ -199,31 +199,14 @@ def test_families_mlm_whole_word_masks_and_fill_mask_agree(family, family_checkp
 def test_families_mlm_head_at_labelled_positions_gives_the_familys_loss_and_gradients(family, family_checkpoint):
     """Every family's masked-LM trains with its head at the labelled positions only (pipelines/labelled_positions.py):
     the same loss and gradients as the family's own forward, on its own tokenizer's padded batch."""
-    import copy
-
-    from pipelines.labelled_positions import head_at_labelled_positions
-
     checkpoint = family_checkpoint(family)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     whole = AutoModelForMaskedLM.from_pretrained(checkpoint).eval()  # no dropout: the two forwards see the same network
-    narrowed = copy.deepcopy(whole)
-    assert head_at_labelled_positions(narrowed), family
     batch = dict(tokenizer(mlm_lines(3, 4), padding=True, return_special_tokens_mask=True, return_tensors="pt"))
     ordinary = (batch.pop("special_tokens_mask") == 0) & batch["attention_mask"].bool()
     labelled = ordinary & (torch.rand(ordinary.shape, generator=torch.Generator().manual_seed(0)) < 0.3)
     batch["labels"] = torch.where(labelled, batch["input_ids"], -100)
-    results = []
-    for model in (whole, narrowed):
-        outputs = model(**batch)
-        outputs.loss.backward()
-        results.append((outputs, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}))
-    (whole_outputs, gradients), (narrowed_outputs, narrowed_gradients) = results
-    assert narrowed_outputs.logits.shape == (int(labelled.sum()), whole_outputs.logits.shape[-1]), family
-    torch.testing.assert_close(narrowed_outputs.logits, whole_outputs.logits[labelled], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(narrowed_outputs.loss, whole_outputs.loss, rtol=1e-6, atol=1e-6)
-    assert narrowed_gradients.keys() == gradients.keys()
-    for name, gradient in gradients.items():
-        torch.testing.assert_close(narrowed_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=f"{family}: {name}")
+    head_at_labelled_positions_agrees(family, whole, batch, labelled)
 
 
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)

@@ -23,7 +23,7 @@ from pipelines.modeling import count_parameters, load_model
 from tasks.translation.generation import decode
 from tests.conftest import write_jsonl
 from tests.families.builders import SEQ2SEQ_FAMILIES
-from tests.families.matrix import card_code, predict, run_card_code, train, translation_rows
+from tests.families.matrix import card_code, head_at_labelled_positions_agrees, predict, run_card_code, train, translation_rows
 
 GENERATION = "num_beams: 2, max_new_tokens: 8"
 OPTIONS = {"mbart": f"src_lang: de_DE, tgt_lang: en_XX, {GENERATION}",
@@ -100,17 +100,11 @@ def test_families_translation_predict_and_pipeline_agree(translation_run):
 def test_families_translation_head_at_labelled_positions_gives_the_familys_loss_and_gradients(translation_run):
     """Training hands each family's vocabulary projection the target positions that are not padding only
     (pipelines/labelled_positions.py): the family's loss, those rows' logits and every gradient."""
-    import copy
-
     from transformers.models.m2m_100.modeling_m2m_100 import shift_tokens_right
-
-    from pipelines.labelled_positions import head_at_labelled_positions
 
     family, run, _ = translation_run
     tokenizer = AutoTokenizer.from_pretrained(run)
     whole = AutoModelForSeq2SeqLM.from_pretrained(run).eval()  # no dropout: the two forwards see the same network
-    narrowed = copy.deepcopy(whole)
-    assert head_at_labelled_positions(narrowed), family
     rows = translation_rows(3, 5)
     batch = dict(tokenizer([row["de"] for row in rows], text_target=[row["en"] for row in rows], padding=True, return_tensors="pt"))
     labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
@@ -121,18 +115,7 @@ def test_families_translation_head_at_labelled_positions_gives_the_familys_loss_
                                   else shift_tokens_right(labels, whole.config.pad_token_id, whole.config.decoder_start_token_id))
     labelled = labels != -100
     assert 0 < int(labelled.sum()) < labels.numel(), family  # some target padding to leave out
-    results = []
-    for model in (whole, narrowed):
-        outputs = model(**batch)
-        outputs.loss.backward()
-        results.append((outputs, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}))
-    (whole_outputs, gradients), (narrowed_outputs, narrowed_gradients) = results
-    assert narrowed_outputs.logits.shape == (int(labelled.sum()), whole_outputs.logits.shape[-1]), family
-    torch.testing.assert_close(narrowed_outputs.logits, whole_outputs.logits[labelled], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(narrowed_outputs.loss, whole_outputs.loss, rtol=1e-6, atol=1e-6)
-    assert narrowed_gradients.keys() == gradients.keys()
-    for name, gradient in gradients.items():
-        torch.testing.assert_close(narrowed_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=f"{family}: {name}")
+    narrowed = head_at_labelled_positions_agrees(family, whole, batch, labelled)
     # Without decoder inputs (M2M100's and NLLB's training batches) they are built as the family builds them.
     del batch["decoder_input_ids"]
     with torch.no_grad():
