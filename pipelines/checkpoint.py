@@ -27,7 +27,7 @@ from accelerate.utils import load as accelerate_load
 from accelerate.utils.constants import RNG_STATE_NAME
 
 from pipelines.atomic_writes import write_text_atomically
-from pipelines.config import absolute_if_local, is_model_option
+from pipelines.config import NO_DEFAULT, absolute_if_local, is_model_option, schema_default
 from pipelines.errors import UserError, describe
 from pipelines.optim import StepPlan
 
@@ -309,6 +309,8 @@ def resume_differences(saved: dict, current: dict, *, sources: dict[str, str] | 
         if _may_change(key) and not (tracks_best and key in BEST_MODEL_CADENCE):
             continue
         before, after = old.get(key, missing), new.get(key, missing)
+        if before is missing and after is not missing and (default := schema_default(key)) is not NO_DEFAULT and after == default:
+            continue  # a setting added since the checkpoint was written: that run trained as its default does
         contents = _content_digest(key, after) if key in sources and after is not missing else None
         if before == after:
             # The same path: a model folder or teacher run retrained in place, a data file rewritten.

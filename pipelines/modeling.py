@@ -273,6 +273,33 @@ def check_sequence_lengths(config: PretrainedConfig, features, *, where: str) ->
             )
 
 
+def freeze_input_embeddings(model: torch.nn.Module) -> int:
+    """Stops the gradient of ``model``'s input word-embedding matrices (an encoder-decoder's encoder's and
+    decoder's) and so of every weight tied to them (``model.freeze_input_embeddings``); returns how many
+    parameters that keeps as loaded."""
+    parts = [model]
+    for getter in ("get_encoder", "get_decoder"):
+        try:
+            parts.append(getattr(model, getter)())
+        except (AttributeError, NotImplementedError, TypeError):
+            continue  # an encoder-only family has neither
+    matrices = {}
+    for part in parts:
+        try:
+            embeddings = part.get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            continue
+        weight = getattr(embeddings, "weight", None)
+        if isinstance(weight, torch.nn.Parameter):
+            matrices[id(weight)] = weight
+    if not matrices:
+        raise ConfigError(f"model.freeze_input_embeddings: the {type(model).__name__} model names no input embeddings "
+                          "(get_input_embeddings) to freeze")
+    for weight in matrices.values():
+        weight.requires_grad_(False)
+    return sum(weight.numel() for weight in matrices.values())
+
+
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -41,7 +41,7 @@ from pipelines.checkpoint import (
     SOURCES_FILE, CheckpointError, TrainerState, check_resume_config, complete_checkpoints, find_checkpoint, load_checkpoint,
     save_checkpoint, source_digests,
 )
-from pipelines.config import ConfigError, RunConfig
+from pipelines.config import ConfigError, RunConfig, is_model_option
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source, split_where
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.dropout import draw_cheap_attention_dropout_masks, draw_cheap_dropout_masks
@@ -49,7 +49,7 @@ from pipelines.errors import OutputDirError, RunStopped, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.first_position import last_layer_at_first_position
 from pipelines.labelled_positions import head_at_labelled_positions
-from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters
+from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters, freeze_input_embeddings
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, clip_gradients, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
@@ -352,6 +352,10 @@ def _check_run_settings(config: RunConfig, task: Task, mixed_precision: str) -> 
         raise ConfigError(f"train.pack_sequences: the {task.name} task's batches cannot be packed (only per-token tasks such as ner pack)")
     if config.train.pack_sequences and config.distill is not None:
         raise ConfigError("train.pack_sequences: not with distill (the teacher would need packed inputs too)")
+    task_models = [value for name, value in config.task_options.model_dump().items() if is_model_option(name)]
+    if config.model.freeze_input_embeddings and config.model.name_or_path is None and not any(task_models):
+        raise ConfigError("model.freeze_input_embeddings: the model starts from scratch (model.name_or_path is unset), so "
+                          "its input embeddings are random and would never be trained")
     if config.train.compile:
         check_compile_backend(config.train.compile_backend)
     check_trackers(config.train.report_to)
@@ -383,6 +387,8 @@ def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.
     wrapper when ``distill`` is), checked against both splits' sequence lengths."""
     model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type,
                        base_model_name_or_path=base_model_id(config.model), base_model_revision=config.model.revision)
+    if config.model.freeze_input_embeddings:
+        freeze_input_embeddings(model)
     check_vocabulary(model, data.tokenizer, config.model)
     for split, features in ((config.data.train_split, data.train_features), (config.data.eval_split, data.eval_features)):
         check_sequence_lengths(model.config, features, where=split_where(config.data, split))

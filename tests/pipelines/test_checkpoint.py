@@ -53,6 +53,18 @@ def test_checkpoint_resume_lists_each_trajectory_key_with_both_values():
     ]
 
 
+def test_checkpoint_from_before_a_setting_existed_resumes_at_its_default_only():
+    """A key added to the schema since the checkpoint was written: that run trained as its default does."""
+    assert resume_differences(SAVED, changed(model={**SAVED["model"], "freeze_input_embeddings": False})) == []
+    assert resume_differences(SAVED, changed(model={**SAVED["model"], "freeze_input_embeddings": True})) == [
+        "model.freeze_input_embeddings: (unset) in the checkpoint, True now"
+    ]
+    # A task's own key and a key without a default are not the schema's to fill in.
+    assert resume_differences(SAVED, changed(classification={"problem_type": "auto", "new_option": 1})) == [
+        "classification.new_option: (unset) in the checkpoint, 1 now"
+    ]
+
+
 def test_checkpoint_written_with_relative_paths_resumes_where_they_still_name_the_same_files(tmp_path, monkeypatch):
     # Configs now hold local paths absolute; a checkpoint from before held them as written, and its resume was
     # refused for "data/train.jsonl in the checkpoint, /abs/data/train.jsonl now", with no way around it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pipelines.checkpoint import TrainerState
 from pipelines.config import ConfigError
@@ -123,3 +124,39 @@ def test_train_clips_every_update_with_max_grad_norm(tmp_path, tiny_bert, sentim
     metrics = train_module.train(config, get_task(config.task)(config))
     assert metrics["global_step"] == 3
     assert clipped == ([] if max_grad_norm is None else [max_grad_norm] * 3)
+
+
+def test_train_with_frozen_input_embeddings_saves_them_as_loaded_and_trains_the_rest(tmp_path, tiny_bert, sentiment_files):
+    from safetensors.torch import load_file
+
+    from pipelines.cli import load_run_config
+    from pipelines.train import train
+    from tests.conftest import classification_config
+
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=4, eval_steps=None,
+                                                                 mixed_precision="no")), ["model.freeze_input_embeddings=true"])
+    metrics = train(config, get_task(config.task)(config))
+    loaded, trained = load_file(tiny_bert / "model.safetensors"), load_file(tmp_path / "run" / "model.safetensors")
+    words = "bert.embeddings.word_embeddings.weight"
+    key = next(name for name in loaded if name.endswith("embeddings.word_embeddings.weight"))
+    assert torch.equal(trained[words], loaded[key])
+    positions = next(name for name in loaded if name.endswith("embeddings.position_embeddings.weight"))
+    assert not torch.equal(trained["bert.embeddings.position_embeddings.weight"], loaded[positions])
+    assert metrics["trainable_params"] == metrics["total_params"] - loaded[key].numel()
+
+
+def test_train_with_frozen_input_embeddings_refuses_a_model_from_scratch_before_writing(tmp_path, tiny_bert, sentiment_files):
+    from pipelines.cli import load_run_config
+    from pipelines.train import _check_run_settings, train
+    from tests.conftest import REPO_ROOT, classification_config
+
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=2)),
+                             ["model.name_or_path=null", f"model.tokenizer_name_or_path={tiny_bert}", "model.freeze_input_embeddings=true"])
+    with pytest.raises(ConfigError, match=r"model\.freeze_input_embeddings: the model starts from scratch"):
+        train(config, get_task(config.task)(config))
+    assert not (tmp_path / "run").exists()
+    # A task that loads its model through an option of its own (translation's encoder) starts from trained embeddings.
+    config = load_run_config(get_task, str(REPO_ROOT / "configs" / "translation" / "multi30k_de_en.yaml"),
+                             [f"output_dir={tmp_path / 'translation'}", "model.name_or_path=null",
+                              f"translation.encoder_name_or_path={tiny_bert}", "model.freeze_input_embeddings=true"])
+    assert _check_run_settings(config, get_task(config.task)(config), "no") == (False, None)
