@@ -4,8 +4,9 @@ In:  a model about to train, or a finished run's model about to evaluate.
 Out: when it is one of the classes in ``_HEAD_INPUT`` (or ModernBERT's masked-LM), the same model, whose
      forward — when given ``labels`` — feeds its prediction head the last hidden states at the labelled
      positions only (label not -100) and returns those positions' logits, ``[labelled positions, vocab]``
-     in row-major order, with the family's loss; without ``labels`` (generation, fill-mask) the family's
-     forward, every position's logits. Any other model is untouched. Returns whether it changed the model.
+     in row-major order, with the family's loss; without ``labels`` (generation, ``pipeline("fill-mask")``) the
+     family's forward, every position's logits (bertpipe's fill-mask prediction passes its mask positions as
+     labels). Any other model is untouched. Returns whether it changed the model.
 
 Why: the head ends in the hidden × vocabulary matmul, the largest of a small model, and each family's
 forward runs it at every position before a loss that ignores most of them. Masked-LM scores ~15% of the

@@ -354,7 +354,11 @@ class MlmTask(TaskBase):
         labels = batch.pop("labels", None)
         next_sentence = batch.pop("next_sentence_label", None)
         if labels is None:
-            return self._top_fillers(_prediction_logits(model(**batch)), batch["input_ids"])
+            # Fill-mask: only the mask positions are read. Handed them as labels, a listed family computes its
+            # head there alone and returns their logits row by row (its loss against the mask token is unused).
+            at_mask = batch["input_ids"] == self.tokenizer.mask_token_id
+            logits = _prediction_logits(model(**batch, labels=torch.where(at_mask, batch["input_ids"], IGNORE_INDEX)))
+            return self._top_fillers(logits if logits.dim() == 2 else logits[at_mask], at_mask)
         # Only masked positions are scored, and only per-example sums leave the step: the
         # full-vocabulary logits are never gathered. Given the labels, a listed family's model computes
         # its head at the labelled positions only and returns their logits, row by row
@@ -376,12 +380,12 @@ class MlmTask(TaskBase):
             result["nsp_correct"] = (outputs.seq_relationship_logits.argmax(-1) == next_sentence).long()
         return result
 
-    def _top_fillers(self, logits: torch.Tensor, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        k = min(self.options.top_k, logits.shape[-1])
-        at_mask = input_ids == self.tokenizer.mask_token_id
-        top_ids = torch.full((*input_ids.shape, k), -1, dtype=torch.long, device=logits.device)
-        top_scores = torch.zeros((*input_ids.shape, k), device=logits.device)
-        scores, ids = logits[at_mask].float().softmax(-1).topk(k, dim=-1)
+    def _top_fillers(self, mask_logits: torch.Tensor, at_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The top-k fillers of each mask position, from its logits (one row per mask position, row-major)."""
+        k = min(self.options.top_k, mask_logits.shape[-1])
+        top_ids = torch.full((*at_mask.shape, k), -1, dtype=torch.long, device=mask_logits.device)
+        top_scores = torch.zeros((*at_mask.shape, k), device=mask_logits.device)
+        scores, ids = mask_logits.float().softmax(-1).topk(k, dim=-1)
         top_ids[at_mask], top_scores[at_mask] = ids, scores
         return {"top_token_ids": top_ids, "top_scores": top_scores}
 

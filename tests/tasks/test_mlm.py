@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 
 from pipelines.config_loading import load_config
 from pipelines.errors import DataError
@@ -364,6 +365,31 @@ def test_mlm_evaluation_with_the_head_at_labelled_positions_gives_the_same_sums(
     torch.testing.assert_close(narrow["masked_loss_sum"], whole["masked_loss_sum"], rtol=1e-5, atol=1e-5)
 
 
+def test_mlm_fill_mask_with_the_head_at_the_mask_positions_gives_the_same_fillers(prepared):
+    """Fill-mask prediction hands the mask positions to the model as labels: a narrowed model computes its head
+    there alone (one row per mask), the family's model at every position; both give the same fillers."""
+    import copy
+
+    from pipelines.labelled_positions import head_at_labelled_positions
+
+    task, raw, model = prepared
+    narrowed = copy.deepcopy(model)
+    assert head_at_labelled_positions(narrowed)
+    handed = []
+    narrowed.get_output_embeddings().register_forward_pre_hook(lambda module, args: handed.append(tuple(args[0].shape)))
+    mask = task.tokenizer.mask_token
+    examples = Dataset.from_dict({"text": [f"the {mask} was fine", f"{mask} and {mask} of the story here", f"a {mask}"]})
+    features = task.preprocess(examples, train=False, inputs=True)
+    batch = task.collator(train=False)([features[i] for i in range(len(features))])
+    with torch.no_grad():
+        whole, narrow = task.predict_step(model, batch), task.predict_step(narrowed, batch)
+    masks = int((batch["input_ids"] == task.tokenizer.mask_token_id).sum())
+    assert masks == 4 and handed == [(masks, model.config.hidden_size)]
+    assert torch.equal(narrow["top_token_ids"], whole["top_token_ids"])
+    assert (whole["top_token_ids"][..., 0] >= 0).sum() == masks
+    torch.testing.assert_close(narrow["top_scores"], whole["top_scores"], rtol=1e-5, atol=1e-6)
+
+
 def test_mlm_training_and_evaluation_compute_the_head_at_the_labelled_positions_only(tmp_path, corpus_file, monkeypatch):
     """Through the loop (pipelines/train.py) every forward of the run, training steps and evaluations, and
     through `bertpipe evaluate` (pipelines/evaluation.py) every forward of the finished run, hands the decoder
@@ -388,6 +414,12 @@ def test_mlm_training_and_evaluation_compute_the_head_at_the_labelled_positions_
     monkeypatch.setattr(evaluation, "head_at_labelled_positions", narrow_and_watch)
     evaluated = evaluation.evaluate_run(config, MlmTask(config), str(config.output_dir))
     assert evaluated["eval_perplexity"] == pytest.approx(metrics["eval_perplexity"], rel=1e-5)
+    assert handed and set(handed) == {2}, handed
+
+    handed.clear()  # `bertpipe predict` (fill-mask): the mask positions' rows only
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("the [MASK] was a story\n[MASK] of the [MASK]\n")
+    assert evaluation.predict_file(config, MlmTask(config), str(config.output_dir), str(inputs), str(tmp_path / "fills.jsonl")) == 2
     assert handed and set(handed) == {2}, handed
 
 
