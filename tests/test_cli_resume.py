@@ -50,21 +50,24 @@ def final_state(run_dir):
     return metrics, losses
 
 
-def test_cli_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_bert, sentiment_files):
+# Frozen input embeddings: the optimizer's state covers fewer parameters, which the checkpoint must restore as such.
+@pytest.mark.parametrize("overrides", [(), ("model.freeze_input_embeddings=true",)], ids=["trained", "frozen-embeddings"])
+def test_cli_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_bert, sentiment_files, overrides):
     reference = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="reference", **TRAIN)
-    run_cli("train", str(reference))
+    run_cli("train", str(reference), *overrides)
 
     interrupted = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="interrupted", **TRAIN)
-    crashed = run_cli("train", str(interrupted), script=CRASH_AFTER_SECOND_CHECKPOINT, check=False)
+    crashed = run_cli("train", str(interrupted), *overrides, script=CRASH_AFTER_SECOND_CHECKPOINT, check=False)
     assert crashed.returncode == 9, crashed.stderr[-3000:]
     assert not (tmp_path / "interrupted" / "metrics.json").exists()
 
-    result = run_cli("train", str(interrupted), "train.resume_from_checkpoint=latest")
+    result = run_cli("train", str(interrupted), *overrides, "train.resume_from_checkpoint=latest")
     assert "resumed from" in result.stdout and "step-00000008" in result.stdout
 
     expected_metrics, expected_losses = final_state(tmp_path / "reference")
     metrics, losses = final_state(tmp_path / "interrupted")
     assert expected_metrics["global_step"] == 18  # 12 batches/epoch, 2 per update, 3 epochs
+    assert (metrics["trainable_params"] < metrics["total_params"]) == bool(overrides)
     for key in ("eval_accuracy", "eval_f1_macro", "global_step", "epoch", "train_loss"):
         assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-5, abs=1e-6), key
     # The whole run's counts, not only the part after the resume (the checkpoint carries them).
