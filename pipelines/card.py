@@ -151,6 +151,12 @@ def build_model_card(
         hyperparameters += "\n" + "\n".join(
             f"- peft.{key}: {value}" for key, value in config.model.peft.model_dump().items() if value is not None
         )
+    # Model settings that change what was trained: a dropout override, input embeddings kept as loaded.
+    hyperparameters += "".join(
+        f"\n- model.{key}: {value}" for key, value in (("dropout", config.model.dropout),
+                                                     ("freeze_input_embeddings", config.model.freeze_input_embeddings or None))
+        if value is not None
+    )
     # The task's own settings decide what its outputs mean (a multi-label threshold, QA's max_answer_length).
     hyperparameters += "".join(
         f"\n- {config.task}.{key}: {value}" for key, value in config.task_options.model_dump().items() if value not in (None, [], {})

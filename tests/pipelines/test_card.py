@@ -57,6 +57,15 @@ def test_card_adapter_card_names_the_base_and_loads_with_peft(tmp_path):
     assert "peft.r: 8" in card.text
 
 
+def test_card_lists_the_model_settings_that_changed_what_was_trained(tmp_path):
+    metrics = {"eval_f1": 0.9}
+    plain = build_model_card(run_config(tmp_path), get_task("ner"), metrics, model_name="me/ner").text
+    assert "model.dropout" not in plain and "model.freeze_input_embeddings" not in plain
+    changed = build_model_card(run_config(tmp_path, "model.dropout=0.2", "model.freeze_input_embeddings=true"), get_task("ner"),
+                               metrics, model_name="me/ner").text
+    assert "- model.dropout: 0.2\n" in changed and "- model.freeze_input_embeddings: True\n" in changed
+
+
 @pytest.mark.parametrize("task_name, expected", [
     ("translation", "(model.config.prefix or \"\") + text"),
     ("mlm", 'pipeline("fill-mask", model="m/x")'),
