@@ -128,10 +128,10 @@ class ModelConfig(Section):
     """Keep the input word embeddings as loaded (no gradient, no optimizer state, no update), and any weight
     tied to them: a masked-LM decoder's, a seq2seq model's shared embeddings and output projection. A
     vocabulary-sized matrix's gradient, clipping and AdamW pass then leave every step (MiniLM: 11.7M of its
-    22.7M parameters; a CPU step 0.93x). Not exact: on a 2-core CPU in fp32, SST-2 trained 1.27x as fast as the
-    Trainer's best (1.16-1.19x without) at -0.15 accuracy points, CoNLL-2003 NER 1.11x (1.04-1.07x) at -0.4 F1
-    points (docs/benchmark.md); the shipped configs leave it off. For a pretrained model only (from scratch the
-    embeddings would stay random); not with ``peft``, which freezes them already."""
+    22.7M parameters; a packed NER step 0.93x the time on a 2-core CPU, 7% less peak memory). Not exact: SST-2
+    -0.15 accuracy points, CoNLL-2003 NER -0.4 F1 points over 3 seeds (docs/benchmark.md); the shipped configs
+    leave it off, and ``bertpipe benchmark`` freezes the Trainer reference's too. For a pretrained model only
+    (from scratch the embeddings would stay random); not with ``peft``, which freezes them already."""
 
     @field_validator("name_or_path", "tokenizer_name_or_path")
     @classmethod

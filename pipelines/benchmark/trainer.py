@@ -17,6 +17,7 @@ from pipelines.benchmark.job import BenchmarkError, setting_precision, trainer_a
 from pipelines.benchmark.measure import TrainingCounter
 from pipelines.config import RunConfig
 from pipelines.data import prepare_data
+from pipelines.modeling import freeze_input_embeddings
 
 
 def trainer_predictions(predictions: np.ndarray | tuple, output_names: Sequence[str], wanted: Sequence[str]) -> dict[str, np.ndarray]:
@@ -101,6 +102,9 @@ def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     data = prepare_data(task, config)  # bertpipe's own raw splits, tokenizer and features: the same job
     tokenizer, train_features, eval_features = data.tokenizer, data.train_features, data.eval_features
     model = task.build_model(data.raw)
+    if config.model.freeze_input_embeddings:
+        # The same job on both sides: the Trainer's optimizer takes the parameters that require a gradient.
+        freeze_input_embeddings(model)
     collator = task.collator(train=True)
     arguments = trainer_arguments(
         config, setting, config.output_dir, warmup_steps=warmup_updates(config, len(train_features)),

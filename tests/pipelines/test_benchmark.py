@@ -350,3 +350,27 @@ def test_benchmark_run_whose_process_was_killed_is_named(tmp_path):
 
     with pytest.raises(BenchmarkError, match="the trainer_best run \\(seed 4\\) ended without a result: its process was killed"):
         run_in_child(RunSpec("trainer_best", 4, {}, str(tmp_path)), None, kill_self_in_child)
+
+
+def test_benchmark_trainer_reference_freezes_the_input_embeddings_the_config_freezes(tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    """model.freeze_input_embeddings is the job's, not bertpipe's: the Trainer reference trains with them frozen too."""
+    from safetensors.torch import load_file
+
+    from pipelines.benchmark import trainer as trainer_module
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    frozen = []
+    original = trainer_module.freeze_input_embeddings
+    monkeypatch.setattr(trainer_module, "freeze_input_embeddings", lambda model: frozen.append(model) or original(model))
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=None,
+                                                                 mixed_precision="no")), ["model.freeze_input_embeddings=true"])
+    record = trainer_module._run_trainer(config, get_task(config.task)(config), "trainer_best")
+    assert record["train_samples"] > 0 and len(frozen) == 1
+    loaded = load_file(tiny_bert / "model.safetensors")
+    trained = {name: parameter.detach() for name, parameter in frozen[0].named_parameters()}
+    words = next(name for name in loaded if name.endswith("embeddings.word_embeddings.weight"))
+    positions = next(name for name in loaded if name.endswith("embeddings.position_embeddings.weight"))
+    assert torch.equal(trained["bert.embeddings.word_embeddings.weight"], loaded[words])
+    assert not torch.equal(trained["bert.embeddings.position_embeddings.weight"], loaded[positions])
