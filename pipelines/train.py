@@ -387,8 +387,6 @@ def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.
     wrapper when ``distill`` is), checked against both splits' sequence lengths."""
     model = apply_peft(task.build_model(data.raw), config.model.peft, task.peft_task_type,
                        base_model_name_or_path=base_model_id(config.model), base_model_revision=config.model.revision)
-    if config.model.freeze_input_embeddings:
-        freeze_input_embeddings(model)
     check_vocabulary(model, data.tokenizer, config.model)
     for split, features in ((config.data.train_split, data.train_features), (config.data.eval_split, data.eval_features)):
         check_sequence_lengths(model.config, features, where=split_where(config.data, split))
@@ -400,6 +398,9 @@ def _build_model(config: RunConfig, task: Task, data: PreparedData) -> torch.nn.
         # have more positions than it: say so before step 1, not at the first long batch.
         check_sequence_lengths(model.teacher.config, data.train_features,
                                where=f"split {config.data.train_split!r} ({split_source(config.data, config.data.train_split)}), read by the teacher")
+    if config.model.freeze_input_embeddings:
+        # Once the student has its final shape: a student of the teacher's layers is a new model.
+        freeze_input_embeddings(student_of(model))
     return model
 
 

@@ -321,6 +321,23 @@ def test_distill_data_longer_than_the_teachers_positions_exits_before_training(c
     assert student_dir.is_dir() and not any(student_dir.iterdir())
 
 
+def test_distill_student_of_the_teachers_layers_keeps_the_frozen_input_embeddings_as_copied(classification_teacher, tmp_path):
+    """distill.init=teacher builds the student anew from the teacher's layers: the freeze applies to that student."""
+    from safetensors.torch import load_file
+
+    root, path, teacher_dir = classification_teacher
+    student_dir = tmp_path / "student"
+    config = distill_config(str(teacher_dir), str(path), [*PINNED, f"output_dir={student_dir}", "train.max_steps=4",
+                                                          "model.freeze_input_embeddings=true"], options_for)
+    train_config(config)
+    teacher, student = load_file(teacher_dir / "model.safetensors"), load_file(student_dir / "model.safetensors")
+    words, positions = "bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight"
+    assert torch.equal(student[words], teacher[words])
+    assert not torch.equal(student[positions], teacher[positions])
+    metrics = json.loads((student_dir / "metrics.json").read_text())
+    assert metrics["trainable_params"] == metrics["total_params"] - teacher[words].numel()
+
+
 def test_distill_classification_lowers_kl_and_the_student_is_a_normal_run(classification_teacher, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
