@@ -103,10 +103,15 @@ def test_cli_server_runs_a_script_as_python_c_does():
 
 
 # Says it is ready in the file it is given, then waits for a signal.
+# It prints, then says it is ready, the file whole at once (renamed into place): the test signals once the file
+# exists, and signalled before the line or inside the write, the fresh or the served interpreter lost one of them at
+# random and the two results differed by it.
 WAITS_FOR_A_SIGNAL = """
 import pathlib, signal, sys, time
-pathlib.Path(sys.argv[1]).write_text(str(signal.getsignal(signal.SIGINT) is signal.default_int_handler))
 print("waiting", flush=True)
+ready = pathlib.Path(sys.argv[1])
+ready.with_name(ready.name + ".part").write_text(str(signal.getsignal(signal.SIGINT) is signal.default_int_handler))
+ready.with_name(ready.name + ".part").rename(ready)
 time.sleep(120)
 """
 
