@@ -473,6 +473,12 @@ NO_DEFAULT = object()
 """What :func:`schema_default` returns for a key the schema does not know or that has no default."""
 
 
+def section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section class of a field typed ``Section`` or ``Section | None``; None for a plain value."""
+    candidates = (annotation, *get_args(annotation))
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
 def schema_default(key: str) -> Any:
     """The default of a dotted :class:`RunConfig` key, as its YAML would hold it (``train.pack_sequences`` ->
     False), or :data:`NO_DEFAULT`. A task's own section (``ner.label_all_tokens``) is not in the schema."""
@@ -480,8 +486,7 @@ def schema_default(key: str) -> Any:
     *path, leaf = key.split(".")
     for name in path:
         field = section.model_fields.get(name)
-        candidates = get_args(field.annotation) or (field.annotation,) if field is not None else ()
-        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        section = section_type(field.annotation) if field is not None else None
         if section is None:
             return NO_DEFAULT
     field = section.model_fields.get(leaf)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import yaml
 from pydantic import BaseModel
 
-from pipelines.config import ConfigError, RunConfig, TaskOptions
+from pipelines.config import ConfigError, RunConfig, TaskOptions, section_type
 from pipelines.config_loading import Origin, apply_overrides, load_config, read_yaml
 
 OptionsLookup = Callable[[str], type[TaskOptions]]
@@ -262,11 +262,6 @@ def _number(value: Any, where: str) -> float:
     return value
 
 
-def _section_type(annotation: Any) -> type[BaseModel] | None:
-    candidates = [annotation, *typing.get_args(annotation)]
-    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-
-
 def _is_free_mapping(annotation: Any) -> bool:
     """``dict[...]`` fields (``model.architecture``, ``data.files``) take keys the schema does not list."""
     return any(typing.get_origin(c) is dict or c is dict for c in (annotation, *typing.get_args(annotation)))
@@ -300,11 +295,11 @@ def _check_against_schema(param: Param, source: str, task_name: str, options_cls
         if _is_free_mapping(annotation):
             annotation = Any  # its keys and values belong to the model's / the data's own config
             break
-        section = _section_type(annotation)
+        section = section_type(annotation)
         if section is None:
             raise SweepError(f"{source}: {param.key!r}: {'.'.join(parts[:depth + 1])} is a setting, not a section")
         model = section
-    if annotation is not Any and _section_type(annotation) is not None and not _leaf_types(annotation) & {int, float}:
+    if annotation is not Any and section_type(annotation) is not None and not _leaf_types(annotation) & {int, float}:
         raise SweepError(f"{source}: {param.key!r} is a config section; search one of its keys instead")
     if param.kind == "choice" or annotation is Any:
         return
