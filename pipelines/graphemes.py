@@ -1,8 +1,9 @@
 """What a reader sees of a text: spans of whole grapheme clusters (UAX #29), and whether anything is visible.
 
 In:  a text and a character span ``[start, end)`` into it, e.g. from a tokenizer's offsets; or a text.
-Out: the span widened to the clusters it touches, so ``text[start:end]`` never ends inside one; whether a
-     character is invisible and a text blank (:func:`is_blank`: what every reader of examples calls empty).
+Out: the span widened to the clusters it touches, so ``text[start:end]`` never ends inside one
+     (:func:`whole_graphemes`), and then without what a reader cannot see at either end (:func:`visible_span`);
+     whether a character is invisible and a text blank (:func:`is_blank`: what every reader of examples calls empty).
 
 Why: normalizers that strip accents (uncased WordPiece, ALBERT, DeBERTa-v2) leave combining marks out
 of every piece's offsets, so a span built from offsets ended before the accent of "José" (NFD) or a
@@ -31,6 +32,30 @@ def whole_graphemes(start: int, end: int, boundaries: list[int] | None) -> tuple
     if boundaries is None:
         return start, end
     return boundaries[bisect.bisect_right(boundaries, start) - 1], boundaries[bisect.bisect_left(boundaries, end)]
+
+
+def visible_span(text: str, start: int, end: int, boundaries: list[int] | None) -> tuple[int, int] | None:
+    """``[start, end)`` of whole grapheme clusters with nothing invisible at either end; None when nothing visible is left.
+
+    Widened first and trimmed after, because each undoes the other the other way round: trimmed first, a
+    cluster that begins with a space (a combining mark after one, a piece of its own on XLM-R and DeBERTa-v2)
+    or one that ends in a joiner (``"s\u200d"`` of ``"Paris\u200d❤️"``) brought the space or the joiner back.
+    A cluster that begins with an invisible character is dropped whole: its marks sit on no visible base.
+    An invisible character that ends a visible cluster (a trailing joiner) is cut off it, so the span may end
+    inside that cluster, on the visible character before it. ``boundaries`` from :func:`grapheme_boundaries`.
+    """
+    start, end = whole_graphemes(start, end, boundaries)
+    while start < end and is_invisible(text[start]):
+        start = start + 1 if boundaries is None else boundaries[bisect.bisect_right(boundaries, start)]
+    while start < end:
+        last_cluster = end - 1 if boundaries is None else boundaries[bisect.bisect_right(boundaries, end - 1) - 1]
+        if is_invisible(text[last_cluster]):
+            end = last_cluster
+        elif is_invisible(text[end - 1]):
+            end -= 1
+        else:
+            break
+    return (start, end) if start < end else None
 
 
 def is_invisible(char: str) -> bool:

@@ -62,7 +62,10 @@ def test_cli_benchmark_predict_mode_agrees_with_pipeline(benchmark, tmp_path):
 
     out, _ = benchmark
     inputs = tmp_path / "inputs.txt"
-    inputs.write_text("".join(row["sentence"] + "\n" for row in sentiment_rows(40, seed=3)))
+    sentences = [row["sentence"] for row in sentiment_rows(40, seed=3)]
+    # A line separator inside a line: a txt line and a JSON string may hold it raw; str.splitlines() cuts there.
+    sentences[1] = sentences[1].replace(" ", "\u2028", 1)
+    inputs.write_text("".join(sentence + "\n" for sentence in sentences), encoding="utf-8")
     result = run_predict_benchmark(str(out / "runs" / "bertpipe-seed7"), str(inputs), get_task, output_dir=str(tmp_path / "pb"),
                                    in_child=False, log=lambda _: None)
     # Length-sorted batches (bertpipe) and file-order batches (pipeline) pad differently: same labels, scores to float noise.
@@ -71,8 +74,8 @@ def test_cli_benchmark_predict_mode_agrees_with_pipeline(benchmark, tmp_path):
     assert {row["inputs"] for row in result["rows"].values()} == {40}
     table = (tmp_path / "pb" / "predict_benchmark.md").read_text()
     assert "| bertpipe_predict | 40 |" in table and "| pipeline | 40 |" in table and "Labels identical: True" in table
-    written = (tmp_path / "pb" / "pipeline.jsonl").read_text().splitlines()
-    assert len(written) == 40 and json.loads(written[0])["text"] == inputs.read_text().splitlines()[0]
+    written = (tmp_path / "pb" / "pipeline.jsonl").read_text(encoding="utf-8").rstrip("\n").split("\n")
+    assert [json.loads(line)["text"] for line in written] == sentences
 
 
 def test_cli_benchmark_unknown_setting_is_a_clear_error(tmp_path, tiny_bert, sentiment_files, capsys):

@@ -20,6 +20,7 @@ from pipelines.benchmark.output import benchmark_folder
 from pipelines.benchmark.report import PREDICT_JSON, PREDICT_MARKDOWN, _cell, _load, _spread
 from pipelines.benchmark.runner import run_in_child
 from pipelines.config_loading import load_config
+from pipelines.files import json_lines
 from pipelines.runtime import has_accelerator_device
 
 
@@ -56,7 +57,7 @@ def predict_one(spec: PredictSpec, get_task: TaskLookup) -> dict[str, Any]:
         from pipelines.evaluation import predict_file
 
         predict_file(config, task, spec.run_dir, spec.input_path, spec.output_path)
-        rows = [json.loads(line) for line in Path(spec.output_path).read_text(encoding="utf-8").splitlines()]
+        rows = [json.loads(line) for _, line in json_lines(Path(spec.output_path).read_text(encoding="utf-8"))]
         labels, scores = [row["label"] for row in rows], [row["score"] for row in rows]
     else:
         from transformers import pipeline

@@ -21,7 +21,7 @@ import regex  # transformers' own dependency; unlike re, its \w knows combining 
 # Invisible control and format characters between words (a byte-order mark, a zero-width space, bidi
 # marks) separate words like spaces: as words of their own they were tagged (an entity "\ufeff" on
 # byte-level BPE) or, mapped to no piece, tagged O inside an entity, splitting it. So is a joiner that
-# does not follow a word character or a symbol.
+# does not join two word characters: one at a word's end ("Paris\u200d❤️") made the entity "Paris\u200d".
 # A punctuation mark or symbol is a word with the rest of its grapheme cluster (UAX #29, \X): a
 # variation selector ("❤\ufe0f"), a skin-tone modifier ("👍\U0001f3fd"), a keycap mark, a flag's second
 # regional indicator, a zero-width-joined emoji sequence ("👩\u200d👧"). Cut off, a selector or modifier
@@ -34,7 +34,8 @@ import regex  # transformers' own dependency; unlike re, its \w knows combining 
 _IDEOGRAPH = r"[\p{Unified_Ideograph}\uf900-\ufaff\U0002f800-\U0002fa1f]"
 _WORD_CHAR = rf"(?:(?!{_IDEOGRAPH})[\w\p{{N}}])"
 _WORD = regex.compile(
-    rf"(?!\p{{Join_Control}}){_WORD_CHAR}+(?:[-'’.&/\u00ad]{_WORD_CHAR}+)*|{_IDEOGRAPH}\p{{M}}*|(?=[^\w\p{{N}}\s\p{{Cc}}\p{{Cf}}])\X"
+    rf"(?!\p{{Join_Control}}){_WORD_CHAR}+(?:[-'’.&/\u00ad]{_WORD_CHAR}+)*(?<!\p{{Join_Control}})"
+    rf"|{_IDEOGRAPH}\p{{M}}*|(?=[^\w\p{{N}}\s\p{{Cc}}\p{{Cf}}])\X"
 )
 
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
-from pipelines.graphemes import grapheme_boundaries, whole_graphemes
+from pipelines.graphemes import grapheme_boundaries, visible_span
 from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
 from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions, piece_predictions
 from tasks.ner.windows import encode_word_windows, select_word_predictions
@@ -145,25 +145,22 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
 
 
 def _trim_span(entity: dict[str, Any], sentence: str | None, boundaries: list[int] | None = None) -> dict[str, Any]:
-    """An entity (or piece) without the whitespace its offsets include, made of whole grapheme clusters.
+    """An entity (or piece) of whole grapheme clusters without the whitespace or invisible characters its offsets
+    include (:func:`pipelines.graphemes.visible_span`).
 
-    DeBERTa-v2 counts the space before a word. Normalizers that strip accents (uncased WordPiece,
+    DeBERTa-v2 counts the space before a word; XLM-R gives a combining mark after a space a piece of its own. Normalizers that strip accents (uncased WordPiece,
     ALBERT, DeBERTa-v2) leave combining marks out of every piece's offsets, so an entity "José" (NFD)
     or "नमस्ते" ended before its last mark; an ``[UNK]`` piece's ``word``, the text under its offsets, too.
     """
     start, end = entity.get("start"), entity.get("end")
     if sentence is None or start is None or end is None:
         return entity
-    while start < end and sentence[start].isspace():
-        start += 1
-    while end > start and sentence[end - 1].isspace():
-        end -= 1
-    trimmed = {**entity, "start": start, "end": end}
-    if start == end or boundaries is None:
-        return trimmed
-    trimmed["start"], trimmed["end"] = whole_graphemes(start, end, boundaries)
-    if entity.get("word") == sentence[start:end]:  # an [UNK] piece's word: the text under its offsets
-        trimmed["word"] = sentence[trimmed["start"] : trimmed["end"]]
+    span = visible_span(sentence, start, end, boundaries)
+    if span is None:  # nothing visible (a lone space piece): an empty span, which postprocess drops
+        return {**entity, "start": start, "end": start}
+    trimmed = {**entity, "start": span[0], "end": span[1]}
+    if entity.get("word") == sentence[start:end].strip():  # an [UNK] piece's word: the text under its offsets
+        trimmed["word"] = sentence[span[0] : span[1]]
     return trimmed
 
 

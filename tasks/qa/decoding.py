@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pipelines.graphemes import grapheme_boundaries, is_invisible, whole_graphemes
+from pipelines.graphemes import grapheme_boundaries, is_invisible, visible_span
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -96,9 +96,9 @@ def postprocess_qa_predictions(
     tokens (``offsets[f][i]`` not ``None``), in order and at most ``max_answer_length`` tokens long;
     a span's score is ``start_logit + end_logit``. (Pairing only the ``n_best_size`` best starts
     with the best ends, as transformers' ``run_qa`` does, can miss the best valid span, and makes the
-    n-best probabilities jump when near-tied logits swap places.) A span is its characters without
-    surrounding whitespace (:func:`trim_span`) and made of whole grapheme clusters
-    (:func:`whole_graphemes`), so ``context[start:end] == text`` holds for every tokenizer; token
+    n-best probabilities jump when near-tied logits swap places.) A span is its characters widened to
+    whole grapheme clusters and then without invisible characters at either end
+    (:func:`pipelines.graphemes.visible_span`), so ``context[start:end] == text`` holds for every tokenizer; token
     pairs that give the same character span count once, with their best score, within a window and
     across overlapping windows. The n-best list is thus exactly the ``n_best_size`` best character
     spans of the example. Logit arrays may be longer than the window (padding); positions past
@@ -135,10 +135,9 @@ def postprocess_qa_predictions(
             if null is None or null_score < null["score"]:
                 null = {"text": "", "start": 0, "end": 0, "start_logit": float(starts[cls]), "end_logit": float(ends[cls]), "score": float(null_score)}
             for s, e in _ranked_spans(starts, ends, window_offsets, max_answer_length, 2 * n_best_size):
-                char_span = trim_span(context, int(window_offsets[s][0]), int(window_offsets[e][1]))
+                char_span = visible_span(context, int(window_offsets[s][0]), int(window_offsets[e][1]), boundaries)
                 if char_span is None:
                     continue
-                char_span = whole_graphemes(*char_span, boundaries)
                 if char_span in seen:
                     continue  # pairs come best first: its first pair gave this span its best score here
                 seen.add(char_span)

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipelines.files import json_lines
 from tests.conftest import write_jsonl
 from tests.families.builders import FILLER, GERMAN, PERSONS, PLACES
 
@@ -69,7 +70,7 @@ def train(folder: Path, task: str, model: Path, files: dict[str, Path], *overrid
 def predict(run: Path, rows: list[dict], folder: Path) -> list[dict]:
     source, target = write_jsonl(folder / "predict_in.jsonl", rows), folder / "predict_out.jsonl"
     run_bertpipe("predict", str(run), "--input", str(source), "--output", str(target))
-    return [json.loads(line) for line in target.read_text().splitlines()]
+    return [json.loads(line) for _, line in json_lines(target.read_text(encoding="utf-8"))]
 
 
 def card_code(run: Path) -> str:

@@ -475,6 +475,28 @@ def test_ner_split_words_treats_invisible_characters_between_words_as_spaces():
     assert [(e["word"], e["start"], e["end"]) for e in entities] == [("Marguerite\u200bKowalski", 1, 20), ("Rome", 27, 31)]
 
 
+def test_ner_split_words_ends_a_word_before_a_joiner_that_joins_nothing_after_it():
+    # "Paris\u200d❤️": the joiner joins no word characters, yet the word read "Paris\u200d" and so did its entity.
+    text = "I love Paris\u200d\u2764\ufe0f today, AT&T\u200c. می\u200cخواهم"
+    words = split_words(text)
+    assert [w for w, _ in words] == ["I", "love", "Paris", "\u2764\ufe0f", "today", ",", "AT&T", ".", "می\u200cخواهم"]
+    assert all(text[start:end] == word for word, (start, end) in words)
+
+
+def test_ner_pipeline_trims_transformers_groups_to_visible_whole_graphemes():
+    # transformers' own strategies on a run: a group's offsets start at a combining mark after a space (XLM-R's
+    # piece for the mark) or end before a joiner; widened after trimming, they read " \u0301Paris", "Paris\u200d".
+    from tasks.ner.pipeline import _trim_span
+    from pipelines.graphemes import grapheme_boundaries
+
+    for sentence, start, end in (("in \u0301Paris .", 3, 9), ("in Paris\u200d\u2764\ufe0f", 3, 8), ("in  Paris ", 3, 10)):
+        group = {"entity_group": "LOC", "word": sentence[start:end].strip(), "start": start, "end": end}
+        trimmed = _trim_span(group, sentence, grapheme_boundaries(sentence))
+        assert (trimmed["word"], sentence[trimmed["start"] : trimmed["end"]]) == ("Paris", "Paris"), sentence
+    lone = _trim_span({"entity_group": "LOC", "word": " \u0301", "start": 2, "end": 4}, "in \u0301 Paris", grapheme_boundaries("in \u0301 Paris"))
+    assert lone["start"] == lone["end"]  # nothing visible: postprocess drops it
+
+
 def test_ner_split_words_keeps_an_emoji_with_its_selector_modifier_or_joined_sequence():
     # Cut after the symbol, a variation selector or skin-tone modifier was a word of its own: tagged on
     # cased and byte-level tokenizers, "\ufe0f" alone could be an entity, and a flag was two words.

@@ -347,6 +347,22 @@ def test_qa_postprocess_spans_leave_out_invisible_characters_at_their_edges():
     assert result["prediction_text"] == "Paris" == context[result["start"] : result["end"]]
 
 
+def test_qa_postprocess_spans_widened_to_whole_graphemes_regain_no_space_or_joiner():
+    # Trimmed before being widened, a span regained what the trim took: a combining mark after a space is one
+    # cluster with it (XLM-R gives the mark a piece of its own: "\u0301Paris" read " \u0301Paris"), and a
+    # joiner ends the cluster of the letter before it ("Paris" of "Paris\u200d❤️" read "Paris\u200d").
+    for context, offsets, first, last in (
+        ("Alice lives in \u0301Paris .", [None, [0, 5], [6, 11], [12, 14], [15, 16], [16, 21], [22, 23], None], 4, 5),
+        ("Alice lives in Paris\u200d\u2764\ufe0f .", [None, [0, 5], [6, 11], [12, 14], [15, 20], [20, 23], [24, 25], None], 4, 4),
+    ):
+        (result,) = postprocess_qa_predictions(
+            [context], [0], [offsets], [logits(8, **{f"p{first}": 9.0})], [logits(8, **{f"p{last}": 9.0})], [0], n_best_size=5,
+        )
+        assert result["prediction_text"] == "Paris" == context[result["start"] : result["end"]]
+        for candidate in result["nbest"]:
+            assert candidate["text"] == candidate["text"].strip() and "\u200d" not in candidate["text"][-1:]
+
+
 @pytest.mark.parametrize("answer", ["Jose\u0301", "नमस्ते", "plot "])
 def test_qa_answer_at_the_context_end_is_labelled_and_decoded_whole(tokenizer, answer):
     # The uncased tiny BERT strips the final mark (and no piece covers a trailing space): the answer's
