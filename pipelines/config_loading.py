@@ -43,7 +43,39 @@ def parse_override(override: str) -> tuple[list[str], Any]:
         value = yaml.load(raw_value, Loader=_UniqueKeyLoader) if raw_value.strip() else None
     except yaml.YAMLError as error:
         raise ConfigError(f"override {override!r}: value is not valid YAML ({error})") from error
+    if "#" in raw_value:
+        _refuse_a_comment(override, raw_value, value)
     return keys, value
+
+
+# Stands for "#" while a value is read again: a private-use character, which YAML reads as text anywhere.
+_HASH_STAND_IN = "\ue000"
+
+
+def _refuse_a_comment(override: str, raw_value: str, value: Any) -> None:
+    """A ``#`` after a space opens a YAML comment: ``output_dir=/tmp/run #2`` read ``/tmp/run`` and the run went
+    there without a word. A ``#`` that YAML reads as text (``#2``, quoted) is fine: read again with the ``#``
+    replaced, such a value is the same."""
+
+    def restored(item: Any) -> Any:
+        if isinstance(item, str):
+            return item.replace(_HASH_STAND_IN, "#")
+        if isinstance(item, list):
+            return [restored(element) for element in item]
+        if isinstance(item, dict):
+            return {restored(key): restored(element) for key, element in item.items()}
+        return item
+
+    try:
+        literal = restored(yaml.load(raw_value.replace("#", _HASH_STAND_IN), Loader=_UniqueKeyLoader))
+    except yaml.YAMLError:
+        literal = None
+    if literal != value:
+        key = override.split("=", 1)[0]
+        raise ConfigError(
+            f"override {override!r}: YAML reads a '#' at the start or after a space as a comment, so the value "
+            f"would be {value!r}; drop the comment, or quote the value to keep the '#' as text: \"{key}='{raw_value}'\""
+        )
 
 
 def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, *, task_name: Any = None) -> list[tuple[str, ...]]:

@@ -269,6 +269,17 @@ def test_config_override_of_a_list_element_is_an_error_naming_the_whole_list_for
             load_config(write(tmp_path, BASE), [override], options_for)
 
 
+def test_config_override_value_with_a_yaml_comment_is_an_error_and_a_literal_hash_is_kept(tmp_path):
+    # YAML reads " #" as a comment: `output_dir=/tmp/out #2` trained into /tmp/out without a word.
+    for override, shown in (("output_dir=/tmp/out #2", "'/tmp/out'"), ("train.max_steps=8 # fewer", "8"), ("hub.tags=[a, b] #c", r"\['a', 'b'\]")):
+        with pytest.raises(ConfigError, match=rf"override '{re.escape(override)}': YAML reads a '#'.*would be {shown}; .*quote"):
+            load_config(write(tmp_path, BASE), [override], options_for)
+    # A '#' that YAML reads as text is the value's own.
+    config = load_config(write(tmp_path, BASE), ["output_dir=/tmp/out#2", "hub.tags=['#a', 'b #c']"], options_for)
+    assert config.output_dir == "/tmp/out#2" and list(config.hub.tags) == ["#a", "b #c"]
+    assert load_config(write(tmp_path, BASE), ["output_dir='/tmp/out #2'"], options_for).output_dir == "/tmp/out #2"
+
+
 def test_config_infinite_or_nan_numbers_are_refused_naming_the_key(tmp_path):
     # `train.num_epochs=inf` passed `gt=0` and ended training in a raw OverflowError (math.ceil of inf);
     # an infinite learning rate trained to NaN weights without a word.
