@@ -237,8 +237,14 @@ def load_local_files(files: dict[str, str | list[str]], encoding: str, *, label:
         delimiter, quoting = options.get("delimiter", ","), options.get("quoting", csv.QUOTE_MINIMAL)
         # A column holding any cell that is not a number is read as written: typed by pandas per chunk, a label
         # column of numbers in the first and a word in a later one was refused, and true/false became True/False.
-        words = _csv_columns_holding_words(paths_by_label, encoding, delimiter, quoting)
-        options["converters"] = {column: str for column in {*text_columns, *words} if column}
+        words, with_nan = _csv_columns_holding_words(paths_by_label, encoding, delimiter, quoting)
+        # pandas (default NA values off) reads "inf" as a float but "nan" as text: a column of scores holding one
+        # "nan" became a column of text, and a regression job a classification into as many classes as scores.
+        # Read as a float, the "nan" is a missing value, which the task names by its row.
+        options["converters"] = {
+            **{column: _float_or_missing for column in with_nan - words},
+            **{column: str for column in {*text_columns, *words} if column},
+        }
     try:
         with naming_undecodable(paths_by_label, encoding, scan_first=_reader_accepts_bad_bytes(builder, encoding)):
             # One split at a time: read together, every split took the first one's column types, and a validation
@@ -282,19 +288,26 @@ def text_encoding(encoding: str) -> str:
     return "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
 
 
-# What pandas reads as a number (with keep_default_na off): decimals, exponents, inf and nan.
+# A number's cell: decimals, exponents, inf and nan (pandas, its default NA values off, reads all but nan as floats).
 _NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*[+-]?(inf|infinity|nan)\s*", re.IGNORECASE)
+_NAN = re.compile(r"\s*[+-]?nan\s*", re.IGNORECASE)
 
 
-def _csv_columns_holding_words(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str, quoting: int) -> set[str]:
-    """The csv/tsv columns in which some cell, in any of the files, is not a number (nor empty); a header
-    naming a column twice is a DataError naming the file and column.
+def _float_or_missing(cell: str) -> float | None:
+    return float(cell) if cell.strip() else None
+
+
+def _csv_columns_holding_words(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str,
+                               quoting: int) -> tuple[set[str], set[str]]:
+    """The csv/tsv columns in which some cell, in any of the files, is not a number (nor empty), and those in
+    which some cell is ``nan``; a header naming a column twice is a DataError naming the file and column.
 
     pandas types a column per 10,000-row chunk (a column of numbers there and a word later was refused) and
     renames a second ``text`` to ``text.1`` without a word (the first one was read as the text, or the labels,
     whichever the user meant).
     """
     words: set[str] = set()
+    with_nan: set[str] = set()
     for label, paths in paths_by_label.items():
         for path in paths:
             try:
@@ -307,11 +320,13 @@ def _csv_columns_holding_words(paths_by_label: dict[str, list[str]], encoding: s
                         for index in [index for index in open_columns if index < len(row)]:
                             if row[index] and not _NUMBER.fullmatch(row[index]):
                                 words.add(open_columns.pop(index))
+                            elif _NAN.fullmatch(row[index]):
+                                with_nan.add(open_columns[index])
                         if not open_columns:
                             break
             except (OSError, UnicodeError, csv.Error):
                 continue  # the read itself names the file (and the byte or row)
-    return words
+    return words, with_nan
 
 
 def _check_unique_header(header: list[str], where: str) -> None:

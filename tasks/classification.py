@@ -150,6 +150,10 @@ class ClassificationTask(TaskBase):
         label2id = {name: index for index, name in enumerate(self.label_names)}
 
         def to_id(value: Any, row: int) -> int:
+            if isinstance(value, float) and not math.isfinite(value):  # json's NaN: a missing label, not a class "nan"
+                raise DataError(
+                    f"{where}, row {row + 1} (rows count from 1): label {value!r} is not a finite number, nor a label"
+                )
             if named and int(value) < 0:
                 raise DataError(
                     f"{where}, row {row + 1} (rows count from 1): label {value} means 'unlabelled'; "
@@ -443,12 +447,18 @@ def _undefined_correlation(scores: np.ndarray, references: np.ndarray) -> tuple[
 
 def _score(value: Any, row: int, where: str) -> float:
     try:
-        return float(value)
+        score = float(value)
     except (TypeError, ValueError):
         raise DataError(
             f"{where}, row {row + 1} (rows count from 1): label {value!r} is not a number; "
             "a regression run needs a numeric score in every row"
         ) from None
+    if not math.isfinite(score):  # json reads NaN and Infinity: one such score trained every weight to NaN, exit 0
+        raise DataError(
+            f"{where}, row {row + 1} (rows count from 1): label {value!r} is not a finite number; "
+            "a regression run needs a finite score in every row (a missing score has none)"
+        )
+    return score
 
 
 def _natural_key(name: str) -> tuple:

@@ -69,6 +69,21 @@ def test_files_csv_column_is_typed_from_every_row_not_its_first_chunk(tmp_path, 
     assert split.features["score"].dtype == "float64" and split["score"][-1] == 1000.0
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_files_csv_nan_in_a_column_of_numbers_is_a_missing_number_not_a_word(tmp_path, suffix):
+    """pandas (default NA values off) reads "inf" as a float and "nan" as text: one "nan" among scores made the whole
+    column text, and a regression job a classification into as many classes as there were scores."""
+    separator = "\t" if suffix == ".tsv" else ","
+    train = tmp_path / f"train{suffix}"
+    rows = [["text", "score", "label", "note"], ["nan", "0.5", "1", "nan"], ["b", "nan", "0", "n/a"], ["c", "-inf", "NaN", "x"]]
+    train.write_text("".join(separator.join(row) + "\n" for row in rows))
+    split = load_local_files({"train": str(train)}, "utf-8", label="data.files.", text_columns=["text"])["train"]
+    assert split.features["score"].dtype == "float64" and split["score"] == [0.5, None, float("-inf")]
+    assert split["label"] == [1.0, 0.0, None]
+    # A text column, and a column holding words, are read as written.
+    assert split["text"] == ["nan", "b", "c"] and split["note"] == ["nan", "n/a", "x"]
+
+
 def test_files_a_json_escape_of_half_a_surrogate_pair_names_the_line_and_key(tmp_path):
     # json.loads keeps "\ud83d" alone as a lone surrogate; pyarrow refused it later in a traceback (exit 1), or
     # datasets named "row 1" for the file's line 2.

@@ -242,6 +242,23 @@ def test_classification_finished_runs_head_fixes_the_problem_type_of_the_eval_sp
         eval_features(regression, [{"text": "fine", "label": "4"}, {"text": "awful", "label": "bad"}])
 
 
+def test_classification_non_finite_labels_are_refused_naming_the_row(tmp_path, tiny_bert):
+    """json reads NaN and Infinity: one NaN score trained every weight of a regression run to NaN, with exit status 0
+    and metrics of null; a NaN among class labels became a class "nan"."""
+    def labels(rows: list[dict], *overrides: str) -> list:
+        task, raw = make_task(tmp_path, tiny_bert, rows, rows, *overrides)  # json.dumps writes NaN and Infinity
+        return task.preprocess(raw["train"], train=True)["labels"]
+
+    scores = [{"text": "good", "label": 4.5}, {"text": "bad", "label": 0.5}, {"text": "fine", "label": 2.0}]
+    assert labels(scores) == [4.5, 0.5, 2.0]
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(DataError, match=rf"row 3 \(rows count from 1\): label {bad!r} is not a finite number"):
+            labels(scores[:2] + [{"text": "fine", "label": bad}])
+    classes = [{"text": "good", "label": 1.0}, {"text": "bad", "label": float("nan")}, {"text": "fine", "label": 0.0}]
+    with pytest.raises(DataError, match=r"row 2 \(rows count from 1\): label nan is not a finite number, nor a label"):
+        labels(classes, "classification.problem_type=single_label")
+
+
 def test_classification_label_order_does_not_depend_on_the_order_labels_are_seen():
     """Label names are sorted from a set, whose order changes with each process's string-hash seed: ties
     ("1" and "01") or a "nan" label gave each process of a distributed run, and a resumed run, other label ids."""
