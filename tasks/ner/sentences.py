@@ -19,6 +19,7 @@ from datasets import ClassLabel, Dataset
 
 from pipelines.errors import DataError
 from pipelines.files import check_no_lone_surrogate, json_records, naming_undecodable, text_encoding
+from pipelines.graphemes import is_blank
 
 CONLL_SUFFIXES = (".txt", ".conll")
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -118,7 +119,8 @@ def sentences_dataset(rows: list[dict[str, Any]]) -> Dataset:
 
 
 def check_sentence(tokens: Sequence[str], tags: Sequence[Any], label_set: set[str], location: str) -> None:
-    """Raise a DataError naming ``location`` for an empty sentence, a length mismatch or an unknown tag."""
+    """Raise a DataError naming ``location`` for an empty sentence, a length mismatch, an unknown tag or an entity tag
+    on a word with nothing visible."""
     if not isinstance(tokens, (list, tuple)) or not isinstance(tags, (list, tuple)):
         raise DataError(f"{location}: tokens and tags must be lists, got {type(tokens).__name__} and {type(tags).__name__}")
     if len(tokens) == 0:
@@ -129,6 +131,13 @@ def check_sentence(tokens: Sequence[str], tags: Sequence[Any], label_set: set[st
         if tag not in label_set:
             raise DataError(
                 f"{location}: word {position} {token!r} has tag {tag!r}, which is not in the label set {order_labels(label_set)}"
+            )
+        # Tokenizers give an empty or invisible word no piece: it trained nothing and was predicted O, so an entity
+        # tag on it was a gold entity no model could find, counted against every run's recall without a word.
+        if tag != "O" and isinstance(token, str) and is_blank(token):
+            raise DataError(
+                f"{location}: word {position} {token!r} holds nothing visible but is tagged {tag!r}; no model can tag "
+                "a word tokenizers give no piece, so evaluation would count an entity none can find. Remove the word or tag it O"
             )
 
 

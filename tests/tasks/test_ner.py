@@ -287,6 +287,7 @@ def test_ner_check_sentence_errors_name_the_location():
         check_sentence(["at", "Acme"], ["O", "B-ORG"], labels, "f.jsonl:4")
     with pytest.raises(DataError, match=r"f.jsonl:5: empty sentence"):
         check_sentence([], [], labels, "f.jsonl:5")
+    check_sentence(["Peter", "", "\ufeff", "said"], ["B-PER", "O", "O", "O"], labels, "f.jsonl:6")  # tagged O: as predicted
 
 
 def test_ner_order_labels_puts_o_first_and_groups_by_type():
@@ -337,6 +338,11 @@ def test_ner_metrics_absent_from_an_eval_split_are_the_types_no_gold_sentence_ho
         ({"tokens": ["Peter", "left"], "ner_tags": ["B-PER"]}, r"validation.jsonl:2: 2 tokens but 1 tags"),
         ({"tokens": ["Acme", "left"], "ner_tags": ["B-ORGX", "O"]}, r"validation.jsonl:2: word 0 'Acme' has tag 'B-ORGX'"),
         ({"tokens": [], "ner_tags": []}, r"validation.jsonl:2: empty sentence"),
+        # No piece, so predicted O: a gold entity no model could find, counted against recall without a word.
+        ({"tokens": ["visited", "", "Rome"], "ner_tags": ["O", "B-PER", "O"]},
+         r"validation.jsonl:2: word 1 '' holds nothing visible but is tagged 'B-PER'"),
+        ({"tokens": ["Peter", "\u200b"], "ner_tags": ["B-PER", "I-PER"]},
+         r"validation.jsonl:2: word 1 '\\u200b' holds nothing visible but is tagged 'I-PER'"),
     ],
 )
 def test_ner_load_bad_sentence_names_file_and_line(tmp_path, row, message):
