@@ -35,7 +35,9 @@ from pipelines.labelled_positions import head_at_labelled_positions
 from pipelines.input_columns import carried_input_columns, with_input_columns
 from pipelines.modeling import check_sequence_lengths
 from pipelines.onnx_model import export_precision, is_export_dir
-from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key, is_run_dir, load_saved_config, run_inputs
+from pipelines.outputs import (
+    CONFIG_FILE, LOG_FILE, METRICS_FILE, data_files_by_key, is_run_dir, load_saved_config, replaced_run_note, run_inputs,
+)
 from pipelines.runtime import build_accelerator, resolve_inference_precision, without_autocast
 from pipelines.task import Task
 
@@ -130,7 +132,7 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
         raise OutputDirError(
             f"{run_dir} holds no finished run (no {METRICS_FILE}): its training was interrupted or failed. Finish it "
             f"with `bertpipe train {Path(run_dir) / CONFIG_FILE} train.resume_from_checkpoint=latest`, or point to a "
-            "finished run"
+            f"finished run.{replaced_run_note(folder)}"
         )
     accelerator = build_accelerator(config, with_trackers=False, mixed_precision=resolve_inference_precision(precision))
     task.build_tokenizer(None, model_path=run_dir)

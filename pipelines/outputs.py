@@ -148,14 +148,14 @@ def check_output_dir(config: RunConfig) -> bool:
     try:
         _check_run_dir_use(config, run_dir)
     except OutputDirError as error:
-        raise OutputDirError(f"{error}{_replaced_run_note(run_dir)}") from None
+        raise OutputDirError(f"{error}{replaced_run_note(run_dir)}") from None
     return bool(config.overwrite and not config.train.resume_from_checkpoint)
 
 
-def _replaced_run_note(run_dir: Path) -> str:
+def replaced_run_note(run_dir: Path) -> str:
     """Where the last finished run is, when an ``overwrite=true`` that replaced it was interrupted:
-    without it the user of a refused command took that run for lost."""
-    aside = replaced_run_dir(run_dir)
+    without it the user of a refused command (``train``, ``evaluate``, ``predict``) took that run for lost."""
+    aside = replaced_run_dir(Path(run_dir))
     if not (aside / METRICS_FILE).is_file():
         return ""
     return (f" The finished run that overwrite=true replaced there is still kept, whole, in {aside}; the next run to "

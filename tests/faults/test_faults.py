@@ -474,6 +474,14 @@ def test_faults_predict_and_evaluate_on_an_unfinished_run(refused, run_copy, tmp
     inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good"}])
     for command in (["predict", run_copy, "--input", inputs, "--output", tmp_path / "o.jsonl"], ["evaluate", run_copy]):
         refused(*command, needles=[str(run_copy), "no finished run", "resume_from_checkpoint=latest"])
+    # An interrupted overwrite=true: the finished run it replaces waits aside, which train's refusal said and these did not.
+    from pipelines.outputs import replaced_run_dir
+
+    aside = replaced_run_dir(run_copy)
+    aside.mkdir()
+    (aside / "metrics.json").write_text("{}")
+    for command in (["predict", run_copy, "--input", inputs, "--output", tmp_path / "o.jsonl"], ["evaluate", run_copy]):
+        refused(*command, needles=["no finished run", f"still kept, whole, in {aside}"])
 
 
 def test_faults_predict_and_evaluate_on_a_run_without_its_tokenizer_files(refused, run_copy, tmp_path):
