@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 # after its arguments are parsed, so help, --version and argument errors answer at once.
 from pipelines.atomic_writes import check_replaceable_folder, replacing_folder
 from pipelines.config import ConfigError, RunConfig
-from pipelines.config_loading import load_config
+from pipelines.config_loading import load_config, load_finished_run_config
 from pipelines.errors import ModelError, OutputDirError, RunStopped, UserError, failures_named
 from pipelines.outputs import load_saved_config
 from pipelines.preemption import StopNow, stopping_at_once
@@ -99,7 +99,7 @@ def package_version() -> str:
 def load_run_config(get_task: TaskLookup, config_path: str | None, overrides: Sequence[str], *, run_dir: str | None = None) -> RunConfig:
     options_for = lambda name: get_task(name).Options  # noqa: E731
     if run_dir is not None:
-        return load_config(None, list(overrides), options_for, base=load_saved_config(run_dir))
+        return load_finished_run_config(load_saved_config(run_dir), list(overrides), options_for)
     return load_config(config_path, list(overrides), options_for)
 
 

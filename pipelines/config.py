@@ -17,7 +17,7 @@ import codecs
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -68,6 +68,11 @@ def _numbers_only(annotation: Any) -> bool:
 
 class TaskOptions(Section):
     """Settings a task adds under its own section; tasks subclass this."""
+
+    # Options that shape the trained model (its labels, heads, tokenizer), which evaluate and predict take from
+    # the finished run as trained: an override of one would be ignored, so it is refused. A task option naming a
+    # model (``is_model_option``) is one too.
+    fixed_by_training: ClassVar[frozenset[str]] = frozenset()
 
 
 def is_model_option(name: str) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
-from pipelines.config import ConfigError, RunConfig, Section, TaskOptions
+from pipelines.config import ConfigError, RunConfig, Section, TaskOptions, is_model_option
 
 
 def parse_override(override: str) -> tuple[list[str], Any]:
@@ -230,7 +230,7 @@ def load_config(
 ) -> RunConfig:
     """Read YAML (or start from ``base``), apply overrides, validate against the task's schema."""
     source = str(path) if path is not None else "the saved run config"
-    tree = read_yaml(path) if path is not None else dict(base or {})
+    tree = read_yaml(path) if path is not None else copy.deepcopy(base or {})  # overrides set nested keys in place
     file_tree = copy.deepcopy(tree)
     where = Origin(source, file_tree, apply_overrides(tree, overrides))
 
@@ -253,6 +253,61 @@ def load_config(
         return schema.model_validate(tree)
     except ValidationError as error:
         raise ConfigError(_describe(error, schema, where, task_name)) from None
+
+
+# What evaluate and predict read of a finished run's train section: how to batch and thread the evaluation.
+_TRAIN_KEYS_READ_AFTER_TRAINING = frozenset({"batch_size", "eval_batch_size", "dataloader_num_workers", "torch_num_threads"})
+# Sections and keys that say how and where the run was trained: the finished run's weights hold their effect.
+_FIXED_BY_TRAINING = frozenset({"task", "output_dir", "overwrite", "model", "distill", "hub"})
+
+
+def load_finished_run_config(saved: dict[str, Any], overrides: list[str],
+                             task_options_for: Callable[[str], type[TaskOptions]]) -> RunConfig:
+    """A finished run's saved config with the overrides of ``evaluate`` and ``predict`` (the data to read, the
+    evaluation's batches, a task's decoding options); an override of a setting the run's training fixed (the
+    model, the training recipe, the labels) is a ConfigError naming it: ignored, it gave the run's own numbers
+    with exit status 0 (``classification.problem_type=regression`` evaluated the classifier as before)."""
+    config = load_config(None, overrides, task_options_for, base=saved)
+    if not overrides:
+        return config
+    as_trained = load_config(None, [], task_options_for, base=saved)
+    task_name = config.task
+    for key in sorted(apply_overrides(copy.deepcopy(saved), overrides)):
+        section, name = key[0], key[1] if len(key) > 1 else None
+        fixed = (
+            section in _FIXED_BY_TRAINING
+            or (section == "train" and name not in _TRAIN_KEYS_READ_AFTER_TRAINING)
+            or (section == task_name and name is not None
+                and (name in type(config.task_options).fixed_by_training or is_model_option(name)))
+        )
+        if not fixed:
+            continue
+        before, after = _value_at(as_trained, key, task_name), _value_at(config, key, task_name)
+        if before != after:
+            hint = " (to evaluate in another precision: --precision)" if key == ("train", "mixed_precision") else ""
+            raise ConfigError(
+                f"{'.'.join(key)}={after!r} given to a finished run trained with {before!r}: evaluate and predict use "
+                f"the run as trained, so this setting would be ignored{hint}; train a new run to change it"
+            )
+    return config
+
+
+_ABSENT = object()
+
+
+def _value_at(config: RunConfig, key: tuple[str, ...], task_name: str) -> Any:
+    """The resolved value at a dotted key (the task's section is ``task_options``)."""
+    node: Any = config
+    for index, part in enumerate(key):
+        if index == 0 and part == task_name:
+            node = config.task_options
+        elif isinstance(node, dict):
+            node = node.get(part, _ABSENT)
+        else:
+            node = getattr(node, part, _ABSENT)
+        if node is _ABSENT or node is None:
+            return node
+    return node.model_dump() if isinstance(node, BaseModel) else node
 
 
 def _task_options(task_options_for: Callable[[str], type[TaskOptions]] | None, task_name: Any, source: str) -> type[TaskOptions]:

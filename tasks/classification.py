@@ -41,6 +41,7 @@ _HF_PROBLEM_TYPE = {
 
 
 class ClassificationOptions(TaskOptions):
+    fixed_by_training: ClassVar[frozenset[str]] = frozenset({"problem_type", "label_names"})
     problem_type: ProblemType = "auto"
     """``auto`` reads it from the label column: floats -> regression, lists -> multi-label."""
     label_names: list[str] | None = None

@@ -19,7 +19,7 @@ from pipelines.benchmark.measure import peak_rss_mb
 from pipelines.benchmark.output import benchmark_folder
 from pipelines.benchmark.report import PREDICT_JSON, PREDICT_MARKDOWN, _cell, _load, _spread
 from pipelines.benchmark.runner import run_in_child
-from pipelines.config_loading import load_config
+from pipelines.config_loading import load_finished_run_config
 from pipelines.files import json_lines
 from pipelines.runtime import has_accelerator_device
 
@@ -39,7 +39,7 @@ class PredictSpec:
 def _finished_run(spec: PredictSpec, get_task: TaskLookup):
     from pipelines.outputs import load_saved_config
 
-    config = load_config(None, list(spec.overrides), lambda name: get_task(name).Options, base=load_saved_config(spec.run_dir))
+    config = load_finished_run_config(load_saved_config(spec.run_dir), list(spec.overrides), lambda name: get_task(name).Options)
     return config, get_task(config.task)(config)
 
 

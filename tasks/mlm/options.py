@@ -7,12 +7,17 @@ Out: :class:`MlmOptions`: masking shares, whole-word masking, packing, next-sent
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
 from pipelines.config import TaskOptions
 
 
 class MlmOptions(TaskOptions):
+    fixed_by_training: ClassVar[frozenset[str]] = frozenset(
+        {"next_sentence_prediction", "tokenizer_vocab_size", "lowercase", "tokenizer_min_frequency"}
+    )
     mlm_probability: float = Field(default=0.15, gt=0, lt=1)
     """Share of the (non-special) tokens chosen as prediction targets."""
     mask_replace_prob: float = Field(default=0.8, ge=0, le=1)

@@ -46,6 +46,7 @@ _ENTITY_TAG = re.compile(r"^(?:O|[BIESLU]-.+)$")
 
 
 class NerOptions(TaskOptions):
+    fixed_by_training: ClassVar[frozenset[str]] = frozenset({"label_names", "label_all_tokens"})
     label_names: list[str] | None = None
     """The tag set in id order; by default the ``ClassLabel`` names, else the train tags (``O`` first)."""
     label_all_tokens: bool = True

@@ -7,7 +7,7 @@ Out: ``TranslationOptions`` (languages, layout, BERT2BERT sources, generation an
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -19,6 +19,7 @@ GENERATED_KEY = "generated_tokens"
 
 
 class TranslationOptions(TaskOptions):
+    fixed_by_training: ClassVar[frozenset[str]] = frozenset({"tie_encoder_decoder"})
     source_lang: str = "de"
     """Column (or ``translation`` dict key) of the source sentences."""
     target_lang: str = "en"

@@ -77,6 +77,19 @@ def test_faults_cli_evaluate_examples_longer_than_the_positions_name_max_seq_len
     assert not (run_copy / "eval_validation.json").exists()
 
 
+def test_faults_cli_evaluate_and_predict_refuse_settings_the_run_was_trained_with(refused, run_copy, tmp_path):
+    # Ignored, each gave the run's own numbers with exit status 0: classification.problem_type=regression evaluated
+    # the classifier as before, model.name_or_path pointed at nothing that was read.
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"sentence": "good film"}])
+    for override, needle in (("classification.problem_type=regression", "classification.problem_type='regression'"),
+                             (f"model.name_or_path={tmp_path}", "model.name_or_path="),
+                             ("train.learning_rate=0.5", "train.learning_rate=0.5"),
+                             ("train.mixed_precision=bf16", "--precision")):
+        for command in (["evaluate", run_copy], ["predict", run_copy, "--input", inputs, "--output", tmp_path / "o.jsonl"]):
+            refused(*command, override, needles=[needle, "a finished run trained with", "would be ignored"])
+    assert not (run_copy / "eval_validation.json").exists() and not (tmp_path / "o.jsonl").exists()
+
+
 def _with_own_data(run_dir, tmp_path, sentiment_files) -> dict:
     """Point the run's saved config at copies of its data files (under tmp_path/data), which the test may lose."""
     folder = tmp_path / "data"

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from pipelines.config import ConfigError, TaskOptions
 from pipelines.config_loading import apply_overrides, load_config, parse_override, read_yaml
+from tests.conftest import REPO_ROOT
 
 
 class DemoOptions(TaskOptions):
@@ -278,6 +279,40 @@ def test_config_override_value_with_a_yaml_comment_is_an_error_and_a_literal_has
     config = load_config(write(tmp_path, BASE), ["output_dir=/tmp/out#2", "hub.tags=['#a', 'b #c']"], options_for)
     assert config.output_dir == "/tmp/out#2" and list(config.hub.tags) == ["#a", "b #c"]
     assert load_config(write(tmp_path, BASE), ["output_dir='/tmp/out #2'"], options_for).output_dir == "/tmp/out #2"
+
+
+def test_config_a_finished_runs_config_takes_what_evaluation_reads_and_refuses_what_training_fixed():
+    from pipelines.config_loading import load_finished_run_config
+    from tasks import get_task
+
+    def options(name):
+        return get_task(name).Options
+
+    saved = load_config(REPO_ROOT / "configs/classification/sst2.yaml", [], options).to_yaml_dict()
+    config = load_finished_run_config(saved, [
+        "data.eval_split=test", "data.max_seq_length=64", "train.eval_batch_size=4", "train.torch_num_threads=1",
+        "classification.multi_label_threshold=0.3", "seed=3", f"train.learning_rate={saved['train']['learning_rate']}",
+    ], options)
+    assert (config.data.eval_split, config.train.eval_batch_size, config.task_options.multi_label_threshold) == ("test", 4, 0.3)
+    for override, shown in (("classification.problem_type=regression", "classification.problem_type='regression'.*'auto'"),
+                            ("classification.label_names=[b, a]", r"classification.label_names=\['b', 'a'\].*None"),
+                            ("model.name_or_path=elsewhere", "model.name_or_path='elsewhere'"),
+                            ("model.peft={r: 2}", "model.peft.r=2"), ("train={learning_rate: 0.5}", "train.learning_rate=0.5"),
+                            ("output_dir=/tmp/elsewhere", "output_dir="), ("hub.tags=[a]", "hub.tags=")):
+        with pytest.raises(ConfigError, match=rf"{shown}.*evaluate and predict use the run as trained"):
+            load_finished_run_config(saved, [override], options)
+    with pytest.raises(ConfigError, match=r"train.mixed_precision='bf16'.*--precision"):
+        load_finished_run_config(saved, ["train.mixed_precision=bf16"], options)
+    ner = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [], options).to_yaml_dict()
+    assert load_finished_run_config(ner, ["ner.stride=8", "ner.strict=true"], options).task_options.stride == 8
+    for override in ("ner.label_names=[O, B-PER, I-PER]", "ner.label_all_tokens=false"):
+        with pytest.raises(ConfigError, match=re.escape(override.split("=")[0])):
+            load_finished_run_config(ner, [override], options)
+    translation = load_config(REPO_ROOT / "configs/translation/multi30k_de_en.yaml", [], options).to_yaml_dict()
+    assert load_finished_run_config(translation, ["translation.num_beams=1"], options).task_options.num_beams == 1
+    with pytest.raises(ConfigError, match="translation.encoder_name_or_path='x'"):
+        load_finished_run_config(translation, ["translation.encoder_name_or_path=x"], options)
+    assert saved == load_config(REPO_ROOT / "configs/classification/sst2.yaml", [], options).to_yaml_dict()  # left as it was
 
 
 def test_config_infinite_or_nan_numbers_are_refused_naming_the_key(tmp_path):
