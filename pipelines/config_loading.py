@@ -351,9 +351,30 @@ class Origin:
         return True
 
 
+# pydantic names the member of a union that a value failed as one more part of its location
+# ("data.files.validation.str", "data.files.validation.list[str]"): no key of the config.
+_UNION_MEMBER = re.compile(r"(str|int|float|bool|none|(list|dict|tuple|set|literal|function-\w+)\[.*\])", re.IGNORECASE)
+
+
+def _union_members_merged(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One problem per value that failed every member of a union, its messages joined, at the value's own key."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    kept = []
+    for problem in problems:
+        location = tuple(str(part) for part in problem["loc"])
+        if len(location) > 1 and _UNION_MEMBER.fullmatch(location[-1]) and problem["type"] not in ("extra_forbidden", "missing"):
+            if location[:-1] in merged:
+                merged[location[:-1]]["msg"] += f", or {problem['msg'][0].lower()}{problem['msg'][1:]}"
+                continue
+            problem = {**problem, "loc": location[:-1], "msg": problem["msg"]}
+            merged[location[:-1]] = problem
+        kept.append(problem)
+    return kept
+
+
 def _describe(error: ValidationError, schema: type[BaseModel], origin: Origin, task_name) -> str:
     lines = []
-    for problem in error.errors():
+    for problem in _union_members_merged(error.errors()):
         location = [str(part) for part in problem["loc"]]
         shown = [task_name if part == "task_options" else part for part in location]
         dotted = ".".join(shown) or "(top level)"

@@ -126,6 +126,15 @@ def test_config_overrides_report_the_settings_they_set_however_spelt():
     assert tree["data"]["files"] == {"train": "c.jsonl"}
 
 
+def test_config_a_value_that_fits_no_member_of_a_union_is_one_line_at_its_own_key(tmp_path):
+    # pydantic reports each member of `str | list[str]` at a location of its own: "data.files.validation.str".
+    with pytest.raises(ConfigError) as refused:
+        load_config(write(tmp_path, BASE), ["data.files.validation=null"], options_for)
+    (line,) = str(refused.value).splitlines()[1:]
+    assert line.strip() == ("bad value for 'data.files.validation' in the command line: Input should be a valid string, "
+                            "or input should be a valid list (got None)")
+
+
 def test_config_split_without_a_file_is_refused_naming_it(tmp_path):
     # An empty list reached the json reader as "StopIteration".
     for files in ("{train: []}", "{train: a.jsonl, validation: ''}"):
