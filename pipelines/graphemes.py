@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import unicodedata
+from typing import Iterable
 
 import regex  # transformers' own dependency; unlike re, it knows grapheme clusters (\X)
 
@@ -56,6 +57,17 @@ def visible_span(text: str, start: int, end: int, boundaries: list[int] | None) 
         else:
             break
     return (start, end) if start < end else None
+
+
+def normalisation_note(text: str, candidates: Iterable[str]) -> str:
+    """For a message saying ``text`` is not among ``candidates``: the candidate it differs from in Unicode
+    normalisation alone ("café" composed and decomposed), which prints alike, and why; else nothing."""
+    composed = unicodedata.normalize("NFC", text)
+    twin = next((c for c in candidates if c != text and unicodedata.normalize("NFC", c) == composed), None)
+    if twin is None:
+        return ""
+    return (f" ({text!r} and {twin!r} differ only in Unicode normalisation: one writes accents as separate combining "
+            "characters (NFD), the other composed (NFC); write every file one way, e.g. unicodedata.normalize('NFC', ...))")
 
 
 def is_invisible(char: str) -> bool:

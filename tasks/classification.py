@@ -26,6 +26,7 @@ from pipelines.data import (
 )
 from pipelines.errors import DataError
 from pipelines.files import read_inputs, skip_blank_lines
+from pipelines.graphemes import normalisation_note
 from pipelines.metrics import load_metric
 from pipelines.modeling import load_model
 from pipelines.task import TaskBase
@@ -170,7 +171,7 @@ class ClassificationTask(TaskBase):
             if name not in label2id:
                 raise DataError(
                     f"{where}, row {row + 1} (rows count from 1): label {value!r} is not in the label set "
-                    f"{self.label_names}"
+                    f"{self.label_names}{normalisation_note(name, self.label_names)}"
                 )
             return label2id[name]
 

@@ -19,7 +19,7 @@ from datasets import ClassLabel, Dataset
 
 from pipelines.errors import DataError
 from pipelines.files import check_no_lone_surrogate, json_records, naming_undecodable, text_encoding
-from pipelines.graphemes import is_blank
+from pipelines.graphemes import is_blank, normalisation_note
 
 CONLL_SUFFIXES = (".txt", ".conll")
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -131,6 +131,7 @@ def check_sentence(tokens: Sequence[str], tags: Sequence[Any], label_set: set[st
         if tag not in label_set:
             raise DataError(
                 f"{location}: word {position} {token!r} has tag {tag!r}, which is not in the label set {order_labels(label_set)}"
+                f"{normalisation_note(tag, label_set) if isinstance(tag, str) else ''}"
             )
         # Tokenizers give an empty or invisible word no piece: it trained nothing and was predicted O, so an entity
         # tag on it was a gold entity no model could find, counted against every run's recall without a word.

@@ -45,3 +45,12 @@ def test_graphemes_whole_graphemes_widens_to_the_accent_the_offsets_left_out():
 )
 def test_graphemes_visible_span_keeps_no_space_or_invisible_character_at_its_edges(text, start, end, expected):
     assert _visible(text, start, end) == expected
+
+
+def test_graphemes_normalisation_note_says_why_two_strings_that_print_alike_differ():
+    from pipelines.graphemes import normalisation_note
+
+    note = normalisation_note("cafe\u0301", ["neg", "caf\u00e9"])
+    assert "'cafe\u0301' and 'caf\u00e9' differ only in Unicode normalisation" in note and "NFC" in note
+    assert normalisation_note("caf\u00e9", ["caf\u00e9", "neg"]) == ""  # the same string: nothing to explain
+    assert normalisation_note("cafe", ["caf\u00e9"]) == ""

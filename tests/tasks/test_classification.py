@@ -259,6 +259,15 @@ def test_classification_non_finite_labels_are_refused_naming_the_row(tmp_path, t
         labels(classes, "classification.problem_type=single_label")
 
 
+def test_classification_a_label_that_differs_in_unicode_normalisation_alone_is_explained(tmp_path, tiny_bert):
+    # "label 'café' is not in the label set ['café', 'neg']": two names that print alike, and no word on why.
+    task, raw = make_task(tmp_path, tiny_bert, [{"text": "a", "label": "caf\u00e9"}, {"text": "b", "label": "neg"}],
+                          [{"text": "c", "label": "cafe\u0301"}])
+    expected = "label 'cafe\u0301' is not in the label set ['caf\u00e9', 'neg'] ('cafe\u0301' and 'caf\u00e9' differ only in Unicode normalisation"
+    with pytest.raises(DataError, match=re.escape(expected)):
+        task.preprocess(raw["validation"], train=False)
+
+
 def test_classification_label_order_does_not_depend_on_the_order_labels_are_seen():
     """Label names are sorted from a set, whose order changes with each process's string-hash seed: ties
     ("1" and "01") or a "nan" label gave each process of a distributed run, and a resumed run, other label ids."""
