@@ -37,6 +37,8 @@ and returned attention weights go to SDPA as before.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 from transformers import AttentionInterface, AttentionMaskInterface, PretrainedConfig
@@ -47,12 +49,12 @@ from transformers.masking_utils import sdpa_mask
 SDPA_WITH_CHEAP_MASKS = "bertpipe_sdpa_cheap_dropout_masks"
 
 
-def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
-    """A boolean tensor shaped as ``like``, each element False (dropped) with probability ``p``, independently."""
+def keep_mask(shape: Sequence[int], p: float) -> torch.Tensor:
+    """A boolean CPU tensor of ``shape``, each element False (dropped) with probability ``p``, independently."""
     # aten.random on int32 draws one 32-bit word per element and keeps 31 bits: uniform on [0, 2**31).
     # The out-of-place op, not Tensor.random_: torch.compile traces it into the graph where random_
     # breaks the graph in two, and a model split at every dropout sums its gradients in another order.
-    bits = torch.ops.aten.random.default(torch.empty_like(like, dtype=torch.int32, memory_format=torch.contiguous_format))
+    bits = torch.ops.aten.random.default(torch.empty(shape, dtype=torch.int32))
     return bits >= round(p * (1 << 31))
 
 
@@ -62,7 +64,7 @@ class CheapMaskDropout(nn.Dropout):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self.training or not 0 < self.p < 1 or input.device.type != "cpu":
             return super().forward(input)
-        noise = keep_mask(input, self.p).to(input.dtype).div_(1 - self.p)
+        noise = keep_mask(input.shape, self.p).to(input.dtype).div_(1 - self.p)
         return input.mul_(noise) if self.inplace else input * noise
 
 
@@ -124,7 +126,7 @@ def attention_with_cheap_masks(module: nn.Module, query: torch.Tensor, key: torc
                 bias = attention_mask.float().clamp_min(lowest)
                 has_key = (attention_mask > float("-inf")).any(dim=-1, keepdim=True)
             rows_kept = has_key.float()
-        keep = keep_mask(torch.empty(query.shape[:-1] + key.shape[-2:-1]), dropout)
+        keep = keep_mask(query.shape[:-1] + key.shape[-2:-1], dropout)
         output = _DroppedOutAttention.apply(query_, key_, value_, bias, keep, rows_kept, scale, 1 / (1 - dropout))
     return output.to(query.dtype).transpose(1, 2).contiguous(), None
 
