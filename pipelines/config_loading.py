@@ -292,7 +292,12 @@ def load_finished_run_config(saved: dict[str, Any], overrides: list[str],
     return config
 
 
-_ABSENT = object()
+class _Unset:
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+_ABSENT = _Unset()
 
 
 def _value_at(config: RunConfig, key: tuple[str, ...], task_name: str) -> Any:
