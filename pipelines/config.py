@@ -292,7 +292,8 @@ class TrainConfig(Section):
     greater_is_better: bool | None = None
     """Direction of ``metric_for_best_model`` (default: from the metric, e.g. lower loss is better)."""
     load_best_model_at_end: bool = False
-    """Reload the best evaluated model before the final evaluation and saving (needs ``eval_steps``: the evaluations it picks from)."""
+    """Save the best evaluated model (needs ``eval_steps``: the evaluations it picks from, the last model's final evaluation
+    among them); an earlier best is reloaded and evaluated again for its own predictions and the final metrics."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml"]] = Field(
         default_factory=list
     )

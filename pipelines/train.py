@@ -199,11 +199,15 @@ def _run(
             step_log.write(record)
         accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=state.global_step)
 
+    # The last evaluation's predictions, step and metrics: one that ends the run (early stopping) is its final one.
+    last_evaluation: dict[str, Any] = {}
+
     def run_evaluation() -> dict[str, float]:
         started = time.perf_counter()
         predictions, metrics = evaluate(accelerator, model, eval_loader, task, eval_features, data.eval_examples, order=eval_sampler.order)
         metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
         model.train()
+        last_evaluation.update(step=state.global_step, predictions=predictions, metrics=metrics)
         return predictions, metrics
 
     progress = tqdm(total=plan.total_updates, initial=state.global_step, desc="train", disable=not accelerator.is_local_main_process)
@@ -285,6 +289,7 @@ def _run(
                 if state.global_step % config.train.logging_steps == 0 or state.global_step == plan.total_updates:
                     log_training_loss()
 
+                # The last step's evaluation is the final one, after the loop.
                 if config.train.eval_steps and state.global_step % config.train.eval_steps == 0 and state.global_step < plan.total_updates:
                     _, metrics = run_evaluation()
                     log(metrics)
@@ -310,25 +315,42 @@ def _run(
     progress.close()
     update_totals()
 
-    if best.folder is not None and state.best_step is not None and best.folder.is_dir():
+    def final_evaluation() -> tuple[Any, dict[str, float]]:
+        try:
+            # With several processes a signal may reach one alone, which would wait at the checkpoint for the
+            # others, still evaluating: those keep the signals' usual effect.
+            with stopping_at_once() if accelerator.num_processes == 1 else contextlib.nullcontext():
+                return run_evaluation()
+        except StopNow as stop:
+            raise RunStopped(stop.signal, state.global_step, plan.total_updates, _final_checkpoint(
+                run_dir, state, stop.signal,
+                write_checkpoint,  # not checkpoint(): its totals would count the evaluation's seconds as training time
+            )) from None
+
+    # The last model is evaluated once: an evaluation that stopped the run early already did (evaluated again,
+    # the step was logged twice), as did a resumed run's before its interruption (its record is in the log).
+    if not _evaluated_at(state.log_history, state.global_step):
+        final_evaluation()
+        log(last_evaluation["metrics"])
+        if best.metric_name:  # a candidate too: never compared, the last model lost to an earlier, worse best
+            best.update(last_evaluation["metrics"], state, save=lambda folder: None)  # kept in memory, saved below
+    if best.folder is not None and state.best_step not in (None, state.global_step) and best.folder.is_dir():
         accelerator.print(f"loading the best model (step {state.best_step}, {best.metric_name}={state.best_metric:.4f})")
         _load_best_model(student_of(accelerator.unwrap_model(model)), best.folder)
-
-    try:
-        # With several processes a signal may reach one alone, which would wait at the checkpoint for the
-        # others, still evaluating: those keep the signals' usual effect.
-        with stopping_at_once() if accelerator.num_processes == 1 else contextlib.nullcontext():
-            predictions, final_metrics = run_evaluation()
-    except StopNow as stop:
-        raise RunStopped(stop.signal, state.global_step, plan.total_updates, _final_checkpoint(
-            run_dir, state, stop.signal,
-            write_checkpoint,  # not checkpoint(): its totals would count the evaluation's seconds as training time
-        )) from None
-    log(final_metrics)
+        predictions, final_metrics = final_evaluation()  # the saved model's own predictions; its step's record holds the metrics
+    elif last_evaluation.get("step") == state.global_step:
+        predictions, final_metrics = last_evaluation["predictions"], last_evaluation["metrics"]
+    else:  # resumed after the last step's evaluation, which is logged already
+        predictions, final_metrics = final_evaluation()
     summary = _summary(final_metrics, state, accelerator, epoch=round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
                        trainable_params=trainable_params, total_params=total_params)
     _finish_run(accelerator, config, task, model, data, predictions, summary, state.log_history, step_log)
     return summary
+
+
+def _evaluated_at(log_history: list[dict[str, Any]], step: int) -> bool:
+    """Whether the log holds an evaluation of the model at ``step``."""
+    return any(record["step"] == step and any(key.startswith("eval_") for key in record) for record in log_history)
 
 
 def _final_checkpoint(run_dir: Path, state: TrainerState, received: signal.Signals, checkpoint: Callable[[], Path]) -> Path:

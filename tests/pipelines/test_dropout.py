@@ -151,7 +151,7 @@ def _additive(mask: torch.Tensor) -> torch.Tensor:
 def _recorded_masks(monkeypatch) -> list[torch.Tensor]:
     drawn = []
     original = dropout.keep_mask
-    monkeypatch.setattr(dropout, "keep_mask", lambda like, p: drawn.append(original(like, p)) or drawn[-1])
+    monkeypatch.setattr(dropout, "keep_mask", lambda shape, p: drawn.append(original(shape, p)) or drawn[-1])
     return drawn
 
 

@@ -78,6 +78,68 @@ def test_train_best_model_is_never_a_nan_evaluation(tmp_path):
     assert (state.best_metric, state.best_step, saved) == (0.2, 2, [2])
 
 
+@pytest.mark.parametrize("scores, reloaded, final", [
+    # The last model the best: it was never compared, and an earlier, worse best replaced it (0.6 kept, 0.9 lost).
+    ([0.5, 0.6, 0.9], False, 0.9),
+    # An earlier best: reloaded and evaluated for its own predictions; the last model's score is in the log, at its step.
+    ([0.5, 0.9, 0.6, 0.9], True, 0.9),
+])
+def test_train_best_model_at_end_counts_the_last_model_among_the_candidates(tmp_path, tiny_bert, sentiment_files, monkeypatch,
+                                                                            scores, reloaded, final):
+    import json
+
+    from pipelines import train as train_module
+    from pipelines.cli import load_run_config
+    from tests.conftest import classification_config
+
+    evaluations, reloads = _scripted_accuracy(monkeypatch, train_module, scores)
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=6, eval_steps=2,
+                                                                 mixed_precision="no", logging_steps=2)),
+                             ["train.metric_for_best_model=eval_accuracy", "train.load_best_model_at_end=true"])
+    metrics = train_module.train(config, get_task(config.task)(config))
+    assert len(evaluations) == len(scores) and len(reloads) == reloaded
+    assert metrics["eval_accuracy"] == final and metrics["best_metric"] == final and metrics["best_step"] == (4 if reloaded else 6)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [(record["step"], record["eval_accuracy"]) for record in logged if "eval_accuracy" in record] == list(zip([2, 4, 6], scores))
+
+
+@pytest.mark.parametrize("load_best", [False, True])
+def test_train_early_stopping_evaluates_and_logs_the_stopping_step_once(tmp_path, tiny_bert, sentiment_files, monkeypatch, load_best):
+    import json
+
+    from pipelines import train as train_module
+    from pipelines.cli import load_run_config
+    from tests.conftest import classification_config
+
+    evaluations, reloads = _scripted_accuracy(monkeypatch, train_module, [0.5, 0.4, 0.5])
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=20, eval_steps=2,
+                                                                 mixed_precision="no", logging_steps=2)),
+                             ["train.metric_for_best_model=eval_accuracy", "train.early_stopping_patience=1",
+                              f"train.load_best_model_at_end={str(load_best).lower()}"])
+    metrics = train_module.train(config, get_task(config.task)(config))
+    # Stopped at step 4's evaluation, which is the last model's final one; the best (step 2) is evaluated again only to
+    # be the saved model's own numbers, and logged once, at its step.
+    assert metrics["global_step"] == 4 and len(evaluations) == (3 if load_best else 2) and len(reloads) == load_best
+    assert metrics["eval_accuracy"] == (0.5 if load_best else 0.4) and metrics["best_step"] == 2
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [(record["step"], record["eval_accuracy"]) for record in logged if "eval_accuracy" in record] == [(2, 0.5), (4, 0.4)]
+
+
+def _scripted_accuracy(monkeypatch, train_module, scores: list[float]) -> tuple[list[float], list]:
+    """The loop's evaluations score ``scores`` in turn; each evaluation and each reload of the best model is recorded."""
+    evaluations, reloads = [], []
+    real_evaluate, real_reload = train_module.evaluate, train_module._load_best_model
+
+    def scripted(accelerator, model, *args, **kwargs):
+        predictions, metrics = real_evaluate(accelerator, model, *args, **kwargs)
+        evaluations.append(scores[len(evaluations)])
+        return predictions, {**metrics, "eval_accuracy": evaluations[-1]}
+
+    monkeypatch.setattr(train_module, "evaluate", scripted)
+    monkeypatch.setattr(train_module, "_load_best_model", lambda model, folder: reloads.append(folder) or real_reload(model, folder))
+    return evaluations, reloads
+
+
 def test_train_on_the_cpu_draws_every_dropout_mask_with_cheap_masks(tmp_path, tiny_bert, sentiment_files, monkeypatch):
     """The swaps happen in the loop (pipelines/dropout.py): each training forward of the tiny BERT draws
     one mask per nn.Dropout it runs (embeddings, 2 per layer, classifier) and one per layer's attention
@@ -92,7 +154,7 @@ def test_train_on_the_cpu_draws_every_dropout_mask_with_cheap_masks(tmp_path, ti
 
     drawn = []
     original = dropout.keep_mask
-    monkeypatch.setattr(dropout, "keep_mask", lambda like, p: drawn.append(tuple(like.shape)) or original(like, p))
+    monkeypatch.setattr(dropout, "keep_mask", lambda shape, p: drawn.append(tuple(shape)) or original(shape, p))
     config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=3, eval_steps=2,
                                                                  mixed_precision="no")), [])
     metrics = train(config, get_task(config.task)(config))
