@@ -276,10 +276,15 @@ def _run_files_beside_the_model(folder: str) -> tuple[Path, ...]:
     from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, PLOT_FILE
     from pipelines.train import BEST_MODEL_DIR
 
+    from pipelines.onnx_model import EXPORT_FILE
+
     run = Path(folder)
     names = (CONFIG_FILE, METRICS_FILE, LOG_FILE, PLOT_FILE, SOURCES_FILE, "README.md", "predictions.json", "tracking",
              CHECKPOINTS_DIR, BEST_MODEL_DIR, MERGED_DIR)
-    return (*(run / name for name in names), *run.glob("eval_*.json"), *run.glob(".*.partial"))
+    # Folders bertpipe wrote a model into inside the run, under names of the user's (`export --out RUN/onnx`,
+    # `publish --dry-run --out RUN/upload`): each holds the run's own weights, which the converted folder carried.
+    written_inside = [path for path in run.iterdir() if path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / EXPORT_FILE).is_file())]
+    return (*(run / name for name in names), *run.glob("eval_*.json"), *run.glob(".*.partial"), *written_inside)
 
 
 def _check_merge_out(run_dir: str, out: str | None) -> None:

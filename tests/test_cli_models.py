@@ -175,6 +175,13 @@ def test_cli_convert_bert_of_a_run_takes_its_model_and_tokenizer_not_the_runs_ow
     run_cli("train", str(config))
     run = tmp_path / "run"
     assert (run / "checkpoints").is_dir() and (run / "README.md").is_file()
+    # Folders bertpipe writes the run's model into, inside the run under names of the user's: carried along, they put
+    # the original weights (and a run's config and metrics) into the converted folder.
+    assert main(["publish", str(run), "--repo-id", "me/tiny", "--dry-run", "--out", str(run / "upload")]) == 0
+    assert (run / "upload" / "model.safetensors").is_file()
+    (run / "exported").mkdir()
+    (run / "exported" / "model.onnx").write_bytes(b"onnx")  # the markers of an export folder (pipelines/onnx_model.py)
+    (run / "exported" / "export.json").write_text("{}")
     converted, back = tmp_path / "ours", tmp_path / "back"
     assert main(["convert-bert", str(run), str(converted)]) == 0
     assert main(["convert-bert", "--reverse", str(converted), str(back)]) == 0
