@@ -157,6 +157,11 @@ def build_model_card(
                                                      ("freeze_input_embeddings", config.model.freeze_input_embeddings or None))
         if value is not None
     )
+    # A distilled run learned from a teacher: without these the student read as the teacher run fine-tuned.
+    if config.distill is not None:
+        hyperparameters += "".join(
+            f"\n- distill.{key}: {value}" for key, value in config.distill.model_dump().items() if value not in (None, [], {})
+        )
     # The task's own settings decide what its outputs mean (a multi-label threshold, QA's max_answer_length).
     hyperparameters += "".join(
         f"\n- {config.task}.{key}: {value}" for key, value in config.task_options.model_dump().items() if value not in (None, [], {})
@@ -165,6 +170,9 @@ def build_model_card(
         f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |" for key, value in metrics.items()
     )
     origin = f"`{source}`" if source else "a randomly initialised model"
+    if config.distill is not None:
+        student = "the teacher's own layers" if config.distill.init == "teacher" else origin
+        origin = f"the teacher `{config.distill.teacher}` by knowledge distillation, into a student of {student},"
     data = f"`{config.data.path}`" + (f" ({config.data.name})" if config.data.name else "") if hub_dataset else "local files"
     adapter_note = (
         f"\nThis repository holds a {config.model.peft.method.upper()} adapter (plus the trained task head), "

@@ -66,6 +66,21 @@ def test_card_lists_the_model_settings_that_changed_what_was_trained(tmp_path):
     assert "- model.dropout: 0.2\n" in changed and "- model.freeze_input_embeddings: True\n" in changed
 
 
+def test_card_of_a_distilled_run_names_the_teacher_and_the_distillation_settings(tmp_path):
+    # The student's card read "trained from <teacher run>", its distill settings (teacher, alpha, temperature, layers) left out.
+    teacher = tmp_path / "teacher"
+    config = run_config(tmp_path, f"distill={{teacher: {teacher}, alpha: 0.9, temperature: 4.0, num_layers: 1}}",
+                        f"model.name_or_path={teacher}")
+    text = build_model_card(config, get_task("ner"), {"eval_f1": 0.9}, model_name="me/student").text
+    assert f"from the teacher `{teacher}` by knowledge distillation, into a student of the teacher's own layers, on" in text
+    for line in (f"- distill.teacher: {teacher}\n", "- distill.alpha: 0.9\n", "- distill.temperature: 4.0\n",
+                 "- distill.init: teacher\n", "- distill.num_layers: 1\n"):
+        assert line in text, line
+    scratch = run_config(tmp_path, f"distill={{teacher: {teacher}, init: model}}", "model.name_or_path=prajjwal1/bert-tiny")
+    assert "into a student of `prajjwal1/bert-tiny`, on" in build_model_card(scratch, get_task("ner"), {}, model_name="me/s").text
+    assert "distill" not in build_model_card(run_config(tmp_path), get_task("ner"), {}, model_name="me/ner").text
+
+
 @pytest.mark.parametrize("task_name, expected", [
     ("translation", "(model.config.prefix or \"\") + text"),
     ("mlm", 'pipeline("fill-mask", model="m/x")'),
