@@ -21,7 +21,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 import models  # noqa: F401  registers bertpipe's own BERT/Transformer, which an adapter's base may be
-from pipelines.config import ModelConfig, PeftConfig
+from pipelines.config import ConfigError, ModelConfig, PeftConfig
 from pipelines.errors import ModelError
 from pipelines.heads import head_kinds, head_labels_differ, label_list
 from pipelines.hub import resolve_model
@@ -198,11 +198,31 @@ def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str |
         wrapped = get_peft_model(model, config)
     except ValueError as error:  # e.g. "Target modules {...} not found in the base model"
         raise ModelError(f"model.peft: {error}") from error
+    _refuse_adapting_tied_input_embeddings(wrapped)
     # get_peft_model records the folder the weights came from (a mirror path); the run records the base id.
     wrapped.peft_config["default"].base_model_name_or_path = base_model_name_or_path
     # Without it the adapter trained on a tagged base would be reloaded on the base's newest weights.
     wrapped.peft_config["default"].revision = base_model_revision
     return wrapped
+
+
+def _refuse_adapting_tied_input_embeddings(wrapped) -> None:
+    """An adapter on input word embeddings whose matrix the output projection shares (a masked-LM decoder, a seq2seq
+    LM head) changes the input side alone: a merged model, one shared matrix, cannot hold that, and ``bertpipe merge``
+    gave a model predicting otherwise (top fillers changed, logits 10 apart), without a word."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    base = wrapped.get_base_model()
+    projection = base.get_output_embeddings()  # a BERT2BERT's is its decoder's, tied to the decoder's embeddings
+    if projection is None:
+        return
+    for name, module in base.named_modules():
+        if isinstance(module, BaseTunerLayer) and getattr(module.get_base_layer(), "weight", None) is projection.weight:
+            raise ConfigError(
+                f"model.peft.target_modules adapts {name}, the input word embeddings, whose matrix the model's output "
+                "projection shares: the adapter would change the input side alone, which no merged model (one shared "
+                "matrix) can hold. Leave the word embeddings out of target_modules"
+            )
 
 
 def is_peft_model(model: Any) -> bool:

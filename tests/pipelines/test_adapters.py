@@ -151,6 +151,20 @@ def test_modeling_mlm_head_keeps_its_decoder_tied_to_the_embeddings(tmp_path):
     assert not base.cls.predictions.decoder.weight.requires_grad
 
 
+@pytest.mark.parametrize("kind", ["mlm", "seq2seq"])
+def test_modeling_an_adapter_on_word_embeddings_the_output_projection_shares_is_refused(kind, tmp_path):
+    # Trained, it changed the input lookup alone; merged into the one shared matrix it changed the decoder too:
+    # `bertpipe merge` gave another model (top fillers changed) without a word.
+    auto_class = AutoModelForMaskedLM if kind == "mlm" else AutoModelForSeq2SeqLM
+    base = str(save_base(tmp_path / "base", kind))
+    model = load_model(auto_class, ModelConfig(name_or_path=base))
+    with pytest.raises(ConfigError, match=r"target_modules adapts .*word_embeddings, the input word embeddings, whose matrix"):
+        apply_peft(model, PeftConfig(target_modules=["query", "value", "word_embeddings"]), None, base_model_name_or_path="base")
+    # Untied, as a token classifier's embeddings are, the adapter merges exactly: allowed.
+    classifier = load_model(AutoModelForTokenClassification, ModelConfig(name_or_path=str(save_base(tmp_path / "enc", "mlm"))))
+    apply_peft(classifier, PeftConfig(target_modules=["query", "value", "word_embeddings"]), "TOKEN_CLS", base_model_name_or_path="base")
+
+
 @pytest.mark.parametrize("kind", sorted(HEADS))
 def test_modeling_lora_wrap_train_save_reload_merge(kind, tmp_path):
     auto_class, tag, labels, head = HEADS[kind]
