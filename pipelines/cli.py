@@ -258,7 +258,9 @@ def _eval_split_only(config: RunConfig) -> RunConfig:
 def _check_new_folder(label: str, folder: str, what: str) -> None:
     """Refuse a destination that holds files: ``save_pretrained`` writes over whatever model is there."""
     path = Path(folder).expanduser()
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"{label} {folder} is a file, not a folder; {what} goes into a new or empty folder")
+    if path.is_dir() and any(path.iterdir()):
         raise OutputDirError(f"{label} {folder} is not empty; {what} goes into a new or empty folder")
 
 

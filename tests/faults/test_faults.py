@@ -543,6 +543,9 @@ def test_faults_merge_never_writes_into_a_folder_that_holds_files(refused, capsy
     # Another run's trained model, and the adapter run itself, would be overwritten without a word.
     refused("merge", lora, "--out", run_copy, needles=["--out", str(run_copy), "is not empty"])
     refused("merge", lora, "--out", lora, needles=["--out", str(lora), "is not empty"])
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    refused("merge", lora, "--out", a_file, needles=["--out", str(a_file), "is a file, not a folder"])  # not "not empty"
     for _ in range(2):  # the run's own merged/ is the merge's to replace
         status, stderr = bertpipe_in_process(capsys, "merge", lora)
         assert status == 0 and (lora / "merged" / "model.safetensors").is_file(), stderr[-3000:]
