@@ -282,7 +282,7 @@ def load_finished_run_config(saved: dict[str, Any], overrides: list[str],
         )
         if not fixed:
             continue
-        before, after = _value_at(as_trained, key, task_name), _value_at(config, key, task_name)
+        before, after = value_at(as_trained, key, task_name), value_at(config, key, task_name)
         if before != after:
             hint = " (to evaluate in another precision: --precision)" if key == ("train", "mixed_precision") else ""
             raise ConfigError(
@@ -300,7 +300,7 @@ class _Unset:
 _ABSENT = _Unset()
 
 
-def _value_at(config: RunConfig, key: tuple[str, ...], task_name: str) -> Any:
+def value_at(config: RunConfig, key: tuple[str, ...], task_name: str) -> Any:
     """The resolved value at a dotted key (the task's section is ``task_options``)."""
     node: Any = config
     for index, part in enumerate(key):

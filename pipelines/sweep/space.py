@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions, section_type
-from pipelines.config_loading import Origin, apply_overrides, load_config, read_yaml
+from pipelines.config_loading import Origin, apply_overrides, load_config, read_yaml, value_at
 
 OptionsLookup = Callable[[str], type[TaskOptions]]
 
@@ -325,10 +325,20 @@ def _describe_type(accepted: set[Any]) -> str:
 
 
 def _check_values(param: Param, source: str, config_path, overrides: Sequence[str], options_for: OptionsLookup) -> None:
-    """Every bound / choice passes the schema's own checks (ranges, literals, cross-field rules)."""
+    """Every bound / choice passes the schema's own checks (ranges, literals, cross-field rules), and no two choices
+    are one setting (``[8, '8']``, ``[1, 1.0]``: the schema reads both alike, and the study would search it twice)."""
+    settings: list[tuple[Any, Any]] = []
     for value in param.candidate_values():
         try:
-            load_config(config_path, [*overrides, f"{param.key}={yaml_scalar(value)}"], options_for)
+            config = load_config(config_path, [*overrides, f"{param.key}={yaml_scalar(value)}"], options_for)
         except ConfigError as error:
             message = str(error).replace("the command line", source)
             raise SweepError(f"{source}: {param.key}={value!r} ({param.describe()}) is not a valid config: {message}") from None
+        if param.kind != "choice":
+            continue
+        setting = value_at(config, tuple(param.key.split(".")), config.task)
+        for earlier, earlier_setting in settings:
+            if earlier_setting == setting and type(earlier_setting) is type(setting):
+                raise SweepError(f"{source}: {param.key}: choices {earlier!r} and {value!r} are the same setting "
+                                 f"({setting!r}); list it once")
+        settings.append((value, setting))

@@ -69,6 +69,9 @@ model.architecture.num_hidden_layers: {int: [2, 6]}
     ("train.batch_size: {uniform: [8, 32]}", "'train.batch_size' takes int, so a uniform distribution cannot search it; use int"),
     ("train.batch_size: {choice: []}", "train.batch_size: choice needs a non-empty list"),
     ("train.batch_size: {choice: [8, 8]}", "choice lists a value twice"),
+    # Two spellings of one setting: the schema reads them alike, and the study searched it twice.
+    ("train.batch_size: {choice: [8, '8']}", "train.batch_size: choices 8 and '8' are the same setting (8); list it once"),
+    ("train.learning_rate: {choice: [1, 1.0, 2]}", "choices 1 and 1.0 are the same setting (1.0)"),
     ("train.batch_size: 16", "train.batch_size: expected one distribution"),
     ("train.learning_rate: {log_uniform: [1.0e-3, 1.0e-5]}", "needs low < high"),
     ("train.learning_rate: {log_uniform: [0, 1.0e-3]}", "needs a positive low bound"),
