@@ -27,7 +27,7 @@ from accelerate.utils import load as accelerate_load
 from accelerate.utils.constants import RNG_STATE_NAME
 
 from pipelines.atomic_writes import write_text_atomically
-from pipelines.config import NO_DEFAULT, absolute_if_local, is_model_option, schema_default
+from pipelines.config import NO_DEFAULT, absolute_if_local, flatten_tree, is_model_option, schema_default
 from pipelines.errors import UserError, describe
 from pipelines.optim import StepPlan
 
@@ -194,18 +194,6 @@ def save_checkpoint(
                 shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
-
-
-def flatten_tree(tree: dict, prefix: str = "") -> dict[str, object]:
-    """A config tree as ``{"train.max_steps": 8, ...}`` (an empty section stays one key)."""
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten_tree(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
 
 
 def _may_change(key: str) -> bool:

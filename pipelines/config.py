@@ -475,6 +475,18 @@ class RunConfig(Section):
         return resolved
 
 
+def flatten_tree(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A config tree as ``{"train.max_steps": 8, ...}`` (an empty section stays one key)."""
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_tree(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
 NO_DEFAULT = object()
 """What :func:`schema_default` returns for a key the schema does not know or that has no default."""
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
-from pipelines.config import ConfigError, RunConfig, Section, TaskOptions, is_model_option
+from pipelines.config import ConfigError, RunConfig, Section, TaskOptions, flatten_tree, is_model_option
 
 
 def parse_override(override: str) -> tuple[list[str], Any]:
@@ -270,25 +270,23 @@ def load_finished_run_config(saved: dict[str, Any], overrides: list[str],
     config = load_config(None, overrides, task_options_for, base=saved)
     if not overrides:
         return config
-    as_trained = load_config(None, [], task_options_for, base=saved)
-    task_name = config.task
-    for key in sorted(apply_overrides(copy.deepcopy(saved), overrides)):
-        section, name = key[0], key[1] if len(key) > 1 else None
-        fixed = (
-            section in _FIXED_BY_TRAINING
-            or (section == "train" and name not in _TRAIN_KEYS_READ_AFTER_TRAINING)
-            or (section == task_name and name is not None
-                and (name in type(config.task_options).fixed_by_training or is_model_option(name)))
-        )
-        if not fixed:
+    fixed_options = type(config.task_options).fixed_by_training
+    before = flatten_tree(load_config(None, [], task_options_for, base=saved).to_yaml_dict())
+    after = flatten_tree(config.to_yaml_dict())
+    for keys in sorted(apply_overrides(copy.deepcopy(saved), overrides)):  # the settings as the command line names them
+        section, name, key = keys[0], keys[1] if len(keys) > 1 else "", ".".join(keys)
+        if not (section in _FIXED_BY_TRAINING
+                or (section == "train" and name not in _TRAIN_KEYS_READ_AFTER_TRAINING)
+                or (section == config.task and (name in fixed_options or is_model_option(name)))):
             continue
-        before, after = value_at(as_trained, key, task_name), value_at(config, key, task_name)
-        if before != after:
-            hint = " (to evaluate in another precision: --precision)" if key == ("train", "mixed_precision") else ""
-            raise ConfigError(
-                f"{'.'.join(key)}={after!r} given to a finished run trained with {before!r}: evaluate and predict use "
-                f"the run as trained, so this setting would be ignored{hint}; train a new run to change it"
-            )
+        old, new = _setting(before, key), _setting(after, key)
+        if old == new:
+            continue
+        hint = " (to evaluate in another precision: --precision)" if key == "train.mixed_precision" else ""
+        raise ConfigError(
+            f"{key}={new!r} given to a finished run trained with {old!r}: evaluate and predict use "
+            f"the run as trained, so this setting would be ignored{hint}; train a new run to change it"
+        )
     return config
 
 
@@ -297,22 +295,14 @@ class _Unset:
         return "(unset)"
 
 
-_ABSENT = _Unset()
+_UNSET = _Unset()
 
 
-def value_at(config: RunConfig, key: tuple[str, ...], task_name: str) -> Any:
-    """The resolved value at a dotted key (the task's section is ``task_options``)."""
-    node: Any = config
-    for index, part in enumerate(key):
-        if index == 0 and part == task_name:
-            node = config.task_options
-        elif isinstance(node, dict):
-            node = node.get(part, _ABSENT)
-        else:
-            node = getattr(node, part, _ABSENT)
-        if node is _ABSENT or node is None:
-            return node
-    return node.model_dump() if isinstance(node, BaseModel) else node
+def _setting(flat: dict[str, Any], key: str) -> Any:
+    """A dotted key's value in a flattened config; a mapping-valued one (``model.architecture``) as its flattened keys."""
+    if key in flat:
+        return flat[key]
+    return {dotted: value for dotted, value in flat.items() if dotted.startswith(key + ".")} or _UNSET
 
 
 def _task_options(task_options_for: Callable[[str], type[TaskOptions]] | None, task_name: Any, source: str) -> type[TaskOptions]:

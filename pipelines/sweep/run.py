@@ -21,8 +21,7 @@ try:
 except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
-from pipelines.checkpoint import flatten_tree
-from pipelines.config import RunConfig
+from pipelines.config import RunConfig, flatten_tree
 from pipelines.config_loading import load_config, parse_override
 from pipelines.sweep.plan import (
     JOURNAL_FILE, LOCK_FILE, REPORT_FILE, TRIAL_FILE, TRIALS_DIR, SweepPlan, TaskLookup, make_pruner, open_storage,

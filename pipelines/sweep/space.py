@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 import yaml
 from pydantic import BaseModel
 
-from pipelines.config import ConfigError, RunConfig, TaskOptions, section_type
-from pipelines.config_loading import Origin, apply_overrides, load_config, read_yaml, value_at
+from pipelines.config import ConfigError, RunConfig, TaskOptions, flatten_tree, section_type
+from pipelines.config_loading import Origin, apply_overrides, load_config, read_yaml
 
 OptionsLookup = Callable[[str], type[TaskOptions]]
 
@@ -336,7 +336,7 @@ def _check_values(param: Param, source: str, config_path, overrides: Sequence[st
             raise SweepError(f"{source}: {param.key}={value!r} ({param.describe()}) is not a valid config: {message}") from None
         if param.kind != "choice":
             continue
-        setting = value_at(config, tuple(param.key.split(".")), config.task)
+        setting = flatten_tree(config.to_yaml_dict()).get(param.key)
         for earlier, earlier_setting in settings:
             if earlier_setting == setting and type(earlier_setting) is type(setting):
                 raise SweepError(f"{source}: {param.key}: choices {earlier!r} and {value!r} are the same setting "

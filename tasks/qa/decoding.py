@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pipelines.graphemes import grapheme_boundaries, is_invisible, visible_span
+from pipelines.graphemes import grapheme_boundaries, visible_span
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -31,11 +31,7 @@ def trim_span(context: str, start: int, end: int) -> tuple[int, int] | None:
     piece of its own for a lone space marker or a zero-width space; the answer is the text, not the
     space (which the SQuAD scoring would count against it).
     """
-    while start < end and is_invisible(context[start]):
-        start += 1
-    while end > start and is_invisible(context[end - 1]):
-        end -= 1
-    return (start, end) if start < end else None
+    return visible_span(context, start, end, None)  # character by character: no clusters to keep whole
 
 
 def _ranked_spans(
