@@ -56,7 +56,6 @@ from pipelines.benchmark.measure import (
     matmul_flops,
     measure_matmul_peak,
     non_embedding_parameters,
-    peak_rss_mb,
 )
 from pipelines.benchmark.output import benchmark_folder, check_benchmark_folder
 from pipelines.benchmark.predict import (
@@ -80,6 +79,7 @@ from pipelines.benchmark.report import (
 )
 from pipelines.benchmark.runner import RunSpec, default_metric, parse_settings, prepare_job, run_benchmark, run_in_child, run_one
 from pipelines.benchmark.trainer import predict_in_dataset_order, trainer_predictions
+from pipelines.process_memory import peak_rss_mb
 
 __all__ = [
     "COLUMNS", "FLOPS_PER_TOKEN_PER_PARAMETER", "PREDICT_JSON", "PREDICT_MARKDOWN", "PREDICT_SETTINGS", "RESULT_FILES",
@@ -87,6 +87,7 @@ __all__ = [
     "PredictSpec", "RunSpec", "TaskLookup", "TrainingCounter", "benchmark_config_tree", "benchmark_folder",
     "check_benchmark_folder", "compare_predictions", "default_metric", "format_table", "matmul_flops", "measure_matmul_peak",
     "non_embedding_parameters", "parse_settings", "peak_rss_mb", "predict_in_dataset_order", "predict_one", "prepare_job", "run_benchmark",
+    "run_predict_benchmark",
     "run_config", "run_in_child", "run_one", "setting_precision", "setting_sampler", "summarize", "trainer_arguments",
     "trainer_predictions", "warmup_updates",
 ]

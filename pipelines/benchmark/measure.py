@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from pipelines.packing import count_samples_and_tokens
-from pipelines.process_memory import peak_rss_mb
 
 FLOPS_PER_TOKEN_PER_PARAMETER = 6
 """Forward (2) + backward (4) multiply-adds per non-embedding parameter per token (Kaplan et al.)."""

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pipelines.benchmark.job import BenchmarkError, TaskLookup
-from pipelines.benchmark.measure import peak_rss_mb
 from pipelines.benchmark.output import benchmark_folder
 from pipelines.benchmark.report import PREDICT_JSON, PREDICT_MARKDOWN, _cell, _load, _spread
 from pipelines.benchmark.runner import run_in_child
 from pipelines.config_loading import load_finished_run_config
 from pipelines.files import json_lines
+from pipelines.process_memory import peak_rss_mb
 from pipelines.runtime import has_accelerator_device
 
 

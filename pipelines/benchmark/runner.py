@@ -29,13 +29,14 @@ from pipelines.benchmark.job import (
     setting_precision,
     setting_sampler,
 )
-from pipelines.benchmark.measure import measure_matmul_peak, non_embedding_parameters, peak_rss_mb
+from pipelines.benchmark.measure import measure_matmul_peak, non_embedding_parameters
 from pipelines.benchmark.output import benchmark_folder
 from pipelines.benchmark.report import RESULTS_JSON, RESULTS_MARKDOWN, check_metric, format_table, summarize
 from pipelines.benchmark.trainer import _run_trainer
 from pipelines.config import RunConfig
 from pipelines.data import prepare_data
 from pipelines.outputs import run_inputs
+from pipelines.process_memory import peak_rss_mb
 from pipelines.runtime import native_bf16
 
 

@@ -24,7 +24,7 @@ except ImportError:  # the [sweep] extra; run_sweep says how to install it
 from pipelines.config import RunConfig, flatten_tree
 from pipelines.config_loading import load_config, parse_override
 from pipelines.sweep.plan import (
-    JOURNAL_FILE, LOCK_FILE, REPORT_FILE, TRIAL_FILE, TRIALS_DIR, SweepPlan, TaskLookup, make_pruner, open_storage,
+    JOURNAL_FILE, LOCK_FILE, TRIAL_FILE, TRIALS_DIR, SweepPlan, TaskLookup, make_pruner, open_storage,
 )
 from pipelines.sweep.report import write_report
 from pipelines.sweep.space import SweepError, load_space
