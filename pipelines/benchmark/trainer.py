@@ -18,6 +18,7 @@ from pipelines.benchmark.measure import TrainingCounter
 from pipelines.config import RunConfig
 from pipelines.data import prepare_data
 from pipelines.modeling import freeze_input_embeddings
+from pipelines.runtime import without_autocast
 
 
 def trainer_predictions(predictions: np.ndarray | tuple, output_names: Sequence[str], wanted: Sequence[str]) -> dict[str, np.ndarray]:
@@ -118,7 +119,10 @@ def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     result = trainer.train()
     samples, tokens = counter.remove()
     trainer.data_collator = task.collator(train=False)
-    outputs = _trainer_model_outputs(trainer, task, eval_features)
+    # Scored in fp32, as bertpipe's evaluations score its model: with bf16 the Trainer's Accelerator has wrapped the
+    # model's forward in autocast, predict included, and the metric column would compare two precisions of scoring.
+    with without_autocast(trainer.accelerator, trainer.model):
+        outputs = _trainer_model_outputs(trainer, task, eval_features)
     predictions = task.postprocess(outputs, eval_features, data.eval_examples)
     metrics = {name: float(value) for name, value in task.compute_metrics(predictions, data.eval_examples).items()}
     trainer.save_model()

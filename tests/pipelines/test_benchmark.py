@@ -374,3 +374,30 @@ def test_benchmark_trainer_reference_freezes_the_input_embeddings_the_config_fre
     positions = next(name for name in loaded if name.endswith("embeddings.position_embeddings.weight"))
     assert torch.equal(trained["bert.embeddings.word_embeddings.weight"], loaded[words])
     assert not torch.equal(trained["bert.embeddings.position_embeddings.weight"], loaded[positions])
+
+
+def test_benchmark_trainer_reference_is_scored_in_fp32_after_training_in_bf16(tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    """trainer_best trains in bf16 where it is native; its model is scored in fp32, as bertpipe's evaluations score
+    bertpipe's: the Trainer's Accelerator wraps the model's forward in autocast, and its predictions came out bf16."""
+    from pipelines.benchmark import trainer as trainer_module
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    monkeypatch.setenv("BERTPIPE_NATIVE_BF16", "1")
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=2, eval_steps=None,
+                                                                 mixed_precision="no")), [])
+    calls = []
+    original_build = trainer_module.TrainingCounter
+
+    def watching_counter(model):
+        head = model.classifier
+        head.register_forward_hook(lambda module, args, output: calls.append((module.training, output.dtype)))
+        return original_build(model)
+
+    monkeypatch.setattr(trainer_module, "TrainingCounter", watching_counter)
+    record = trainer_module._run_trainer(config, get_task(config.task)(config), "trainer_best")
+    trained = {dtype for training, dtype in calls if training}
+    scored = {dtype for training, dtype in calls if not training}
+    assert trained == {torch.bfloat16}, "the setting under test trains in bf16"
+    assert scored == {torch.float32} and record["metrics"]
