@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.adapters import is_peft_model, merge_adapter
+from pipelines.autocast_safety import make_autocast_safe
 from pipelines.config import ConfigError, RunConfig, TaskOptions
 from pipelines.config_loading import apply_overrides, load_config, read_yaml
 from pipelines.errors import ModelError, describe
@@ -382,6 +383,8 @@ def load_teacher(config: RunConfig, task: Task) -> tuple[torch.nn.Module, Any]:
     teacher = teacher_task.build_model(None, model_path=str(teacher_dir))
     if is_peft_model(teacher):
         teacher = merge_adapter(teacher)  # peft's own unload fails for IA3 heads of several layers
+    # It runs under the student's autocast, outside the modules the training loop mends (not a submodule).
+    make_autocast_safe(teacher)
     return teacher, tokenizer
 
 

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model, save_merged_model
 from pipelines.atomic_writes import replacing_folder, write_json, writing_atomically
+from pipelines.autocast_safety import make_autocast_safe
 from pipelines.batching import eval_dataloader, exact_eval_batch_size
 from pipelines.checkpoint import CHECKPOINTS_DIR, SOURCES_FILE, STATE_FILE, source_digests
 from pipelines.config import RunConfig
@@ -142,6 +143,7 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
             f"{run_dir} holds a peft adapter but task {config.task!r} did not load it through "
             "pipelines.modeling.load_model; its build_model(model_path=...) must use load_model"
         )
+    make_autocast_safe(model)  # --precision bf16|auto: a family whose transformers code fails under autocast
     # Predict and evaluate read a sequence classifier's logits only: its last layer need not compute the
     # positions its head never reads (pipelines/first_position.py), nor a masked-LM head the positions no
     # label scores (pipelines/labelled_positions.py); any other model is left as loaded.

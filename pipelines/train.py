@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from pipelines import outputs
 from pipelines.adapters import MERGED_DIR, apply_peft, base_model_id, is_peft_model, save_adapter_run, save_merged_model
 from pipelines.atomic_writes import replacing_files, replacing_folder, write_json
+from pipelines.autocast_safety import make_autocast_safe
 from pipelines.batching import eval_dataloader, exact_eval_batch_size, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
@@ -148,6 +149,7 @@ def _run(
         data = prepare_data(task, config)
     train_features, eval_features = data.train_features, data.eval_features
     model = _build_model(config, task, data)
+    make_autocast_safe(model)  # a family whose transformers code fails under bf16/fp16 autocast (DeBERTa v1)
     if accelerator.device.type == "cpu":
         # torch's CPU dropout draws a double per mask element, serially (pipelines/dropout.py).
         draw_cheap_dropout_masks(model)

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pipelines.autocast_safety import make_autocast_safe
 from pipelines.benchmark.job import BenchmarkError, setting_precision, trainer_arguments, warmup_updates
 from pipelines.benchmark.measure import TrainingCounter
 from pipelines.config import RunConfig
@@ -103,6 +104,7 @@ def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     data = prepare_data(task, config)  # bertpipe's own raw splits, tokenizer and features: the same job
     tokenizer, train_features, eval_features = data.tokenizer, data.train_features, data.eval_features
     model = task.build_model(data.raw)
+    make_autocast_safe(model)  # bertpipe's mend of a family transformers cannot run in bf16: the same model code
     if config.model.freeze_input_embeddings:
         # The same job on both sides: the Trainer's optimizer takes the parameters that require a gradient.
         freeze_input_embeddings(model)
