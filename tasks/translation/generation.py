@@ -45,6 +45,18 @@ def cut_generations(gen_lens: np.ndarray, generated: np.ndarray, eos_token_id: i
 
 
 def decode(tokenizer, generated: np.ndarray) -> list[str]:
-    """Token ids (padded rows) -> detokenised strings, special tokens dropped, spaces before punctuation fixed."""
-    texts = tokenizer.batch_decode(generated.tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=True)
+    """Token ids (padded rows) -> detokenised strings, special tokens dropped, spaces cleaned up where :func:`cleans_up_spaces`."""
+    texts = tokenizer.batch_decode(generated.tolist(), skip_special_tokens=True,
+                                   clean_up_tokenization_spaces=cleans_up_spaces(tokenizer))
     return [text.strip() for text in texts]
+
+
+def cleans_up_spaces(tokenizer) -> bool:
+    """Whether decoding removes the spaces before punctuation (``" !"`` -> ``"!"``, ``"it ' s"`` -> ``"it's"``).
+
+    For a WordPiece vocabulary (BERT2BERT) only: its pieces carry no spaces, so every piece is decoded with one
+    before it and the clean-up restores the text. A SentencePiece or byte-level vocabulary holds its spaces in its
+    pieces (``▁!`` is the model's choice of `` !``): cleaning up there rewrote an exactly generated ``oui !`` as ``oui!``.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.model).__name__ == "WordPiece"

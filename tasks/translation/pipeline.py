@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from transformers import AutoModelForSeq2SeqLM, Pipeline
 
+from tasks.translation.generation import cleans_up_spaces
+
 
 class TranslationPipeline(Pipeline):
     """``pipeline("translation", model=RUN_DIR)``: source text -> ``[{"translation_text": ...}]``.
@@ -57,7 +59,9 @@ class TranslationPipeline(Pipeline):
         )
         return {"output_ids": output_ids}
 
-    def postprocess(self, model_outputs, clean_up_tokenization_spaces: bool = True):
+    def postprocess(self, model_outputs, clean_up_tokenization_spaces: bool | None = None):
+        if clean_up_tokenization_spaces is None:  # as bertpipe predict decodes
+            clean_up_tokenization_spaces = cleans_up_spaces(self.tokenizer)
         texts = self.tokenizer.batch_decode(
             model_outputs["output_ids"], skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
         )

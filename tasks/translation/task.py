@@ -54,7 +54,9 @@ class TranslationTask(TranslationModelBuilding, TaskBase):
 inputs = tokenizer([(model.config.prefix or "") + text for text in sources], return_tensors="pt", truncation=True,
                    max_length=model.config.max_source_length, return_token_type_ids=False)
 generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True, clean_up_tokenization_spaces=True)])"""
+backend = getattr(tokenizer, "backend_tokenizer", None)  # spaces before punctuation are cleaned up for WordPiece only
+cleanup = backend is not None and type(backend.model).__name__ == "WordPiece"
+print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True, clean_up_tokenization_spaces=cleanup)])"""
     card_sample_sources: ClassVar[dict[str, str]] = {
         "en": "A man is riding a bicycle.", "de": "Ein Mann fährt Fahrrad.", "fr": "Un homme fait du vélo.",
         "es": "Un hombre anda en bicicleta.", "ro": "Un bărbat merge cu bicicleta.",

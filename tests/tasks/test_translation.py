@@ -508,3 +508,33 @@ def test_translation_csv_sentences_are_read_as_written(tmp_path):
     task = get_task("translation")(load_config(config_path, [], lambda name: get_task(name).Options))
     raw = task.load()
     assert raw["train"]["de"] == ["2024", "1.50", "NA"] and raw["train"]["en"] == ["2024", "1.50", "NA"]
+
+
+def test_translation_decoding_keeps_a_sentencepiece_vocabularys_spaces_and_cleans_up_wordpiece():
+    """A Unigram vocabulary holds ``▁!``: ``oui !`` generated exactly was decoded as ``oui!`` (BLEU 0 with
+    bleu_tokenize none); WordPiece pieces carry no spaces, and there the clean-up restores ``it's``."""
+    from transformers import T5Tokenizer
+
+    from tasks.translation.generation import cleans_up_spaces, decode
+    from tasks.translation.pipeline import TranslationPipeline
+
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(piece, -1.0) for piece in ("▁oui", "▁!", "▁c", "'", "est", "▁vrai", "▁?")]
+    unigram = T5Tokenizer(vocab=vocab, extra_ids=0)
+    generated = np.array([[0] + unigram.convert_tokens_to_ids(["▁oui", "▁!"]) + [1, 0, 0, 0],  # padded as generate() pads
+                          [0] + unigram.convert_tokens_to_ids(["▁c", "'", "est", "▁vrai", "▁?"]) + [1]])
+    assert not cleans_up_spaces(unigram)
+    assert decode(unigram, generated) == ["oui !", "c'est vrai ?"]
+    pipe = TranslationPipeline.__new__(TranslationPipeline)
+    pipe.tokenizer = unigram
+    assert [row["translation_text"] for row in pipe.postprocess({"output_ids": torch.tensor(generated)})] == ["oui !", "c'est vrai ?"]
+
+    from tokenizers import decoders
+    from transformers import BertTokenizerFast
+
+    from tests.conftest import written_wordpiece
+
+    backend = written_wordpiece(["it's a man, riding."], ["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    backend.decoder = decoders.WordPiece()
+    wordpiece = BertTokenizerFast(tokenizer_object=backend)
+    ids = wordpiece("it's a man, riding.", add_special_tokens=False)["input_ids"]
+    assert cleans_up_spaces(wordpiece) and decode(wordpiece, np.array([ids])) == ["it's a man, riding."]
