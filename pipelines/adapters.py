@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers.utils import GENERATION_CONFIG_NAME
 
 import models  # noqa: F401  registers bertpipe's own BERT/Transformer, which an adapter's base may be
 from pipelines.config import ConfigError, ModelConfig, PeftConfig
@@ -279,6 +280,10 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bo
         base_location, config=config, revision=revision,
         ignore_mismatched_sizes=head_labels_differ(head_kinds(base_config), label_list(base_config.id2label), wanted),
     )
+    if (run_dir / GENERATION_CONFIG_NAME).is_file():
+        # The run's beam and length settings (save_adapter_run writes them): from_pretrained read the base checkpoint's,
+        # and pipeline() on the run generated with those (transformers' 20-token default, greedy).
+        base.generation_config = GenerationConfig.from_pretrained(run_dir)
     return PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable)
 
 

@@ -97,12 +97,16 @@ def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapte
     if adapter:
         # transformers' own adapter loading builds the base from the base checkpoint's config,
         # which lacks the trained head's label maps: load the base under this repo's config.
+        # A generating model's beam and length settings are the run's (its generation_config.json), not the base's.
+        generates = "Seq2Seq" in auto_class or "CausalLM" in auto_class
+        generation = f'base.generation_config = GenerationConfig.from_pretrained("{model_name}")  # the run\'s beam settings\n'
+        generation, imported = (generation, "GenerationConfig, ") if generates else ("", "")
         load = f"""from peft import PeftModel
-from transformers import AutoConfig, AutoTokenizer, {auto_class}
+from transformers import AutoConfig, AutoTokenizer, {imported}{auto_class}
 
 config = AutoConfig.from_pretrained("{model_name}")  # the trained head's label maps
 base = {auto_class}.from_pretrained("{base_model or 'BASE_MODEL'}", config=config)
-model = PeftModel.from_pretrained(base, "{model_name}").merge_and_unload()  # or keep the PeftModel
+{generation}model = PeftModel.from_pretrained(base, "{model_name}").merge_and_unload()  # or keep the PeftModel
 tokenizer = AutoTokenizer.from_pretrained("{model_name}")
 """
         model_argument = "model=model, tokenizer=tokenizer"

@@ -151,6 +151,30 @@ def test_families_translation_lora_attaches_without_naming_target_modules(family
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in wrapped.named_parameters() if "lora_B" in n)
 
 
+def test_families_translation_adapter_run_generates_with_the_runs_settings_not_the_bases(family_checkpoint, tmp_path):
+    """pipeline("translation", model=RUN_DIR) of a LoRA run, and the card's code, read the run's generation_config.json:
+    they generated with the base checkpoint's (greedy, transformers' 20-token default) where predict used the run's beams."""
+    from pipelines.adapters import load_adapter_model, save_adapter_run
+    from pipelines.card import usage_snippet
+    from tasks import get_task
+
+    task = get_task("translation")  # which lets pipeline() load adapter runs, as bertpipe's task modules do
+    checkpoint = family_checkpoint("t5")
+    model = load_model(AutoModelForSeq2SeqLM, ModelConfig(name_or_path=str(checkpoint)))
+    wrapped = apply_peft(model, PeftConfig(method="lora", r=4), "SEQ_2_SEQ_LM", base_model_name_or_path=str(checkpoint))
+    settings = {"num_beams": 3, "max_new_tokens": 7, "early_stopping": True}
+    for key, value in settings.items():
+        setattr(wrapped.get_base_model().generation_config, key, value)
+    run = tmp_path / "run"
+    save_adapter_run(wrapped, run)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(run)
+    assert GenerationConfig.from_pretrained(checkpoint).num_beams != 3
+    for loaded in (load_adapter_model(AutoModelForSeq2SeqLM, run), pipeline("translation", model=str(run)).model):
+        assert {key: getattr(loaded.generation_config, key) for key in settings} == settings
+    snippet = usage_snippet(task, str(run), base_model=str(checkpoint), adapter=True)
+    assert f'base.generation_config = GenerationConfig.from_pretrained("{run}")' in snippet
+
+
 @pytest.mark.parametrize("family, key, code", [("mbart", "src_lang", "de_de"), ("mbart", "tgt_lang", "en_xx"), ("m2m100", "src_lang", "de_DE"),
                                                ("m2m100", "tgt_lang", "__en__")])
 def test_families_translation_language_code_the_tokenizer_lacks_is_refused(family, key, code, family_checkpoint, tmp_path):
