@@ -13,8 +13,10 @@ the attributes that class's ``__init__`` creates (``config``, ``options``, ``tok
 
 from __future__ import annotations
 
+import logging
 import warnings
 
+import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderModel, PreTrainedModel
 
 from pipelines.config import ConfigError
@@ -34,6 +36,8 @@ from tasks.translation.options import GENERATED_KEY
 # EncoderDecoderModel warns on every loss computation about checkpoints trained before transformers 4.12;
 # bertpipe always lets the model compute the loss, so the warning says nothing about this run.
 warnings.filterwarnings("ignore", message="Version v4.12.0 introduces a better way", category=FutureWarning)
+
+logger = logging.getLogger(__name__)
 
 
 class TranslationModelBuilding:
@@ -189,6 +193,7 @@ class TranslationModelBuilding:
 
     def _configure_generation(self, model: PreTrainedModel) -> None:
         """Beam-search settings and special tokens on ``generation_config`` (saved next to the weights)."""
+        self._align_decoder_start(model)
         gen = model.generation_config
         for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(model.config, key, None)
@@ -215,6 +220,30 @@ class TranslationModelBuilding:
         # pipeline("translation") truncates sources where training and predict do, not at the tokenizer's
         # model_max_length (often far longer than data.max_seq_length).
         model.config.max_source_length = self.config.data.max_seq_length
+
+    def _align_decoder_start(self, model: PreTrainedModel) -> None:
+        """Generation starts the decoder with the token training starts it with.
+
+        Training's decoder inputs are ``prepare_decoder_input_ids_from_labels`` of the labels (the collator's call):
+        most families shift in ``decoder_start_token_id``, but mBART's ``shift_tokens_right`` wraps each target's last
+        token round to the front (the ``tgt_lang`` code of mBART-cc25's targets, ``</s>`` of mBART-50's), whatever
+        ``decoder_start_token_id`` the checkpoint names. A checkpoint fine-tuned into another language (mbart-large-en-ro
+        names ``ro_RO``) trained into ``en_XX`` generated every hypothesis from ``ro_RO``, a start it never trained on.
+        """
+        prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+        labels = self.tokenizer(text_target="a")["input_ids"]
+        if prepare is None or not labels:
+            return
+        start = int(prepare(labels=torch.tensor([labels]))[0, 0])
+        named = model.config.decoder_start_token_id
+        if named is not None and start != named:
+            logger.warning(
+                "the checkpoint starts its decoder with %r, but training starts it with %r (the %s model's labels, shifted "
+                "right): generation starts with %r too", self.tokenizer.convert_ids_to_tokens(named),
+                self.tokenizer.convert_ids_to_tokens(start), model.config.model_type, self.tokenizer.convert_ids_to_tokens(start),
+            )
+        model.config.decoder_start_token_id = start
+        model.generation_config.decoder_start_token_id = start
 
     def _target_code_opening_labels(self, decoder_start: int | None) -> int | None:
         """The ``tgt_lang`` code when the tokenizer opens every target with it but the decoder starts with

@@ -216,3 +216,34 @@ def test_families_translation_target_code_opening_labels_is_forced_first(family,
     start = [model.generation_config.decoder_start_token_id] + ([expected] if forced else [])
     assert generated[: len(start)] == start
     assert tokenizer.convert_ids_to_tokens(tokenizer(text_target="the man")["input_ids"]).count(forced or tgt_lang) == 1
+
+
+def test_families_translation_mbart_generates_from_the_decoder_start_training_used(family_checkpoint, tmp_path):
+    """mBART's shift_tokens_right starts the decoder with each target's last token (its tgt_lang code): a checkpoint
+    naming another decoder start (mbart-large-en-ro: ro_RO) trained into en_XX generated from ro_RO."""
+    import shutil
+
+    from pipelines.config_loading import load_config
+    from tasks import get_task
+    from tests.families.matrix import write_config
+
+    checkpoint = tmp_path / "mbart-en-ro"
+    shutil.copytree(family_checkpoint("mbart"), checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    romanian, english = tokenizer.convert_tokens_to_ids(["ro_RO", "en_XX"])
+    for name in ("config.json", "generation_config.json"):
+        saved = json.loads((checkpoint / name).read_text())
+        saved["decoder_start_token_id"] = romanian
+        (checkpoint / name).write_text(json.dumps(saved))
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", translation_rows(4, 1))}
+    config = write_config(tmp_path, "translation", checkpoint, files,
+                          section="translation: {src_lang: de_DE, tgt_lang: en_XX, num_beams: 1, max_new_tokens: 4}")
+    task = get_task("translation")(load_config(config, [], lambda name: get_task(name).Options))
+    tokenizer = task.build_tokenizer(None)
+    model = task.build_model(None)
+    labels = torch.tensor([tokenizer(text_target="the man")["input_ids"]])
+    trained_start = int(model.prepare_decoder_input_ids_from_labels(labels=labels)[0, 0])
+    assert trained_start == english
+    assert model.config.decoder_start_token_id == model.generation_config.decoder_start_token_id == english
+    generated = model.generate(**tokenizer(["der mann"], return_tensors="pt", return_token_type_ids=False))[0].tolist()
+    assert generated[0] == english
