@@ -23,6 +23,7 @@ from pipelines.config import ConfigError
 from pipelines.errors import ModelError
 from pipelines.hub import resolve_model
 from pipelines.modeling import apply_dropout, load_model, load_tokenizer, usable_positions
+from pipelines.outputs import is_run_dir
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
     check_decoder_config,
@@ -72,7 +73,12 @@ class TranslationModelBuilding:
             self.warm_start = not is_seq2seq_config(config)
             self.checkpoint_decoder_start = getattr(config, "decoder_start_token_id", None)
             # Only when unset: an explicit source_prefix "" means no prefix.
-            if config.model_type == "t5" and self.options.source_prefix is None:
+            if self.options.source_prefix is None and is_run_dir(self.config.model.name_or_path):
+                # Continuing a bertpipe run: it learned its sources with its own prefix (config.prefix, as for
+                # evaluate and predict), not the family's default (T5's) nor none (BART's). A base checkpoint's own
+                # prefix (BART-CNN's " ") is not taken: this run's prefix is the one it trains with.
+                self.source_prefix = getattr(config, "prefix", None) or ""
+            elif config.model_type == "t5" and self.options.source_prefix is None:
                 self.source_prefix = t5_prefix(self.options.source_lang, self.options.target_lang)
         if self.warm_start and model_path is None and self.config.model.peft is not None:
             # The warm start's cross-attention and LM head are new random weights, so no checkpoint

@@ -247,3 +247,25 @@ def test_families_translation_mbart_generates_from_the_decoder_start_training_us
     assert model.config.decoder_start_token_id == model.generation_config.decoder_start_token_id == english
     generated = model.generate(**tokenizer(["der mann"], return_tensors="pt", return_token_type_ids=False))[0].tolist()
     assert generated[0] == english
+
+
+@pytest.mark.parametrize("family, prefix", [("t5", "de2en: "), ("bart", ">>en<< ")])
+def test_families_translation_continuing_a_run_keeps_the_prefix_it_learned(family, prefix, family_checkpoint, tmp_path):
+    """model.name_or_path=RUN_DIR (docs/translation.md's way to continue a run) fed T5 its default prefix and BART none."""
+    from pipelines.config_loading import load_config
+    from tasks import get_task
+    from tests.families.matrix import write_config
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", translation_rows(8, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", translation_rows(4, 2))}
+    first = tmp_path / "first"
+    first.mkdir()
+    run = train(first, "translation", family_checkpoint(family), files, train="  max_steps: 1",
+                section=f"translation: {{source_prefix: '{prefix}', num_beams: 1, max_new_tokens: 4}}")
+    assert AutoConfig.from_pretrained(run).prefix == prefix
+    options = lambda name: get_task(name).Options  # noqa: E731
+    for section, expected in (("translation: {num_beams: 1, max_new_tokens: 4}", prefix),
+                              ("translation: {source_prefix: '', num_beams: 1, max_new_tokens: 4}", "")):
+        task = get_task("translation")(load_config(write_config(tmp_path, "translation", run, files, section=section), [], options))
+        task.build_tokenizer(None)
+        assert task.source_prefix == expected
