@@ -63,10 +63,14 @@ def eval_split_files_only(data: DataConfig) -> DataConfig:
     return data.model_copy(update={"files": {data.eval_split: data.files[data.eval_split]}})
 
 
-def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train: bool = True) -> DatasetDict:
-    """Check splits exist and are non-empty, carve a held-out split if asked, then sample."""
+def finalize_splits(raw: DatasetDict, data: DataConfig, seed: int, *, need_train: bool = True, held_out: bool = False) -> DatasetDict:
+    """Check splits exist and are non-empty, carve a held-out split if asked, then sample.
+
+    ``held_out``: the task already held its eval split out of train by ``data.validation_fraction`` (MLM holds out
+    whole documents), so the setting was used, not made unused by a split of the data's own.
+    """
     raw = DatasetDict(raw)
-    if data.eval_split in raw and data.validation_fraction and need_train:
+    if data.eval_split in raw and data.validation_fraction and need_train and not held_out:
         logger.warning("data.validation_fraction=%s unused: the data has its own %r split (%s)", data.validation_fraction,
                        data.eval_split, split_source(data, data.eval_split))
     if data.eval_split not in raw and data.validation_fraction and data.train_split in raw:

@@ -105,7 +105,8 @@ class MlmTask(TaskBase):
         for name, split_rows in rows.items():
             if split_rows and not clean_rows(split_rows, drop_headings=self.options.drop_headings):
                 raise _no_text(data, name, len(split_rows))
-        if data.eval_split not in rows and data.validation_fraction and data.train_split in rows:
+        held_out = data.eval_split not in rows and bool(data.validation_fraction) and data.train_split in rows
+        if held_out:
             corpus = rows[data.train_split]
             train_rows, held_rows = hold_out_documents(split_documents(corpus), data.validation_fraction, self.config.seed)
             rows[data.train_split] = [corpus[i] for i in train_rows]
@@ -118,7 +119,8 @@ class MlmTask(TaskBase):
             if split_rows and not kept:  # one side of the hold-out got only documents that are a heading alone
                 raise _no_text(data, name, len(split_rows))
             cleaned[name] = Dataset.from_dict({"text": kept})
-        return finalize_splits(cleaned, data, self.config.seed, need_train=include_train)
+        # held_out: data.validation_fraction was used here (whole documents), not made unused by a split of the data's own.
+        return finalize_splits(cleaned, data, self.config.seed, need_train=include_train, held_out=held_out)
 
     def load_inputs(self, path: str) -> Dataset:
         read = read_inputs(path, encoding=self.config.data.encoding, text_columns=[self.text_column, "text"])

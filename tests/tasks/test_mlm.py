@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -616,3 +617,12 @@ def test_mlm_collator_pads_eval_labels_with_ignore_index(tiny_bert):
     ])
     assert batch["labels"].tolist() == [[-100, 10, -100], [-100, -100, -100]]
     assert batch["input_ids"][1, 2] == tokenizer.pad_token_id and batch["attention_mask"][1, 2] == 0
+
+
+def test_mlm_held_out_documents_raise_no_warning_that_validation_fraction_was_unused(tmp_path, corpus_file, caplog):
+    """The hold-out of whole documents is data.validation_fraction's doing; the split it made was then taken for
+    the data's own, and every MLM run warned that the setting it had just used was unused."""
+    task = MlmTask(mlm_config(tmp_path, corpus_file))
+    with caplog.at_level(logging.WARNING):
+        splits = task.load()
+    assert len(splits["validation"]) > 0 and "validation_fraction" not in caplog.text
