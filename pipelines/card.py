@@ -15,12 +15,14 @@ Out: ``README.md`` whose YAML metadata the Hub parses -- base model, datasets, l
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from models.configuration import BertpipeBertConfig, BertpipeTransformerConfig
 from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import RunConfig
 
@@ -90,9 +92,22 @@ def _versions(adapter: bool) -> str:
     return "\n".join(f"- {name} {module.__version__}" for name, module in modules)
 
 
-def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int = 128) -> str:
+# bertpipe's own model types (models/): transformers knows them once ``import models`` has registered them.
+OWN_MODEL_TYPES = (BertpipeBertConfig.model_type, BertpipeTransformerConfig.model_type)
+
+
+def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int = 128,
+                  model_type: str | None = None) -> str:
     """Python that loads the model for its task: ``pipeline()`` where the task names its input
-    (``{max_seq_length}`` in that input becomes the run's ``data.max_seq_length``)."""
+    (``{max_seq_length}`` in that input becomes the run's ``data.max_seq_length``). ``model_type``: the saved
+    model's; bertpipe's own (``bertpipe_*``) loads only once bertpipe's ``models`` package has registered it."""
+    snippet = _usage_snippet(task, model_name, base_model=base_model, adapter=adapter, max_seq_length=max_seq_length)
+    if model_type is not None and model_type in OWN_MODEL_TYPES:
+        return f"import models  # bertpipe's models/ package (on the path): registers {model_type} with the Auto classes\n" + snippet
+    return snippet
+
+
+def _usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int) -> str:
     auto_class = task.auto_model_class.__name__
     if adapter:
         # transformers' own adapter loading builds the base from the base checkpoint's config,
@@ -127,9 +142,11 @@ print(predictor({task.card_pipeline_input.replace("{max_seq_length}", str(max_se
 
 
 def build_model_card(
-    config: RunConfig, task: Task, metrics: dict[str, Any], *, model_name: str, adapter: bool | None = None
+    config: RunConfig, task: Task, metrics: dict[str, Any], *, model_name: str, adapter: bool | None = None,
+    model_type: str | None = None,
 ) -> ModelCard:
-    """The card for a run; ``adapter`` (default: the run used ``model.peft``) selects the peft variant."""
+    """The card for a run; ``adapter`` (default: the run used ``model.peft``) selects the peft variant;
+    ``model_type`` is the saved model's (:func:`saved_model_type`)."""
     adapter = config.model.peft is not None if adapter is None else adapter
     source = config.model.name_or_path
     base_model = source if source and not is_local_path(source) else None
@@ -184,7 +201,8 @@ def build_model_card(
         if adapter else ""
     )
     snippet = usage_snippet(
-        task, model_name, base_model=base_model or source, adapter=adapter, max_seq_length=config.data.max_seq_length
+        task, model_name, base_model=base_model or source, adapter=adapter, max_seq_length=config.data.max_seq_length,
+        model_type=model_type,
     )
     body = f"""
 # {model_name}
@@ -215,8 +233,16 @@ Trained with bertpipe (`task: {config.task}`) from {origin} on {data}.
     return ModelCard.from_template(card_data, template_str="---\n{{ card_data }}\n---\n" + body)
 
 
+def saved_model_type(run_dir: str | Path) -> str | None:
+    """``model_type`` of the model saved in ``run_dir`` (its ``config.json``), None where there is none to read."""
+    try:
+        return json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def write_model_card(run_dir: str | Path, config: RunConfig, task: Task, metrics: dict[str, Any]) -> Path:
-    card = build_model_card(config, task, metrics, model_name=Path(run_dir).resolve().name)
+    card = build_model_card(config, task, metrics, model_name=Path(run_dir).resolve().name, model_type=saved_model_type(run_dir))
     path = Path(run_dir) / "README.md"
     # Not card.save(), which writes in place: a resumed finished run rewrites the card, and a kill
     # mid-write left a truncated one that publish uploads.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pipelines.adapters import MERGED_DIR, is_adapter_dir
 from pipelines.atomic_writes import replacing_folder
-from pipelines.card import build_model_card
+from pipelines.card import build_model_card, saved_model_type
 from pipelines.config import RunConfig
 from pipelines.hub import hub_reachable
 from pipelines.outputs import METRICS_FILE
@@ -66,7 +66,8 @@ def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str |
             shutil.copy2(folder / name, out_dir / name)
             staged.append(name)
     adapter = is_adapter_dir(run_dir) and not merged
-    card = build_model_card(config, task, json.loads((Path(run_dir) / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter)
+    card = build_model_card(config, task, json.loads((Path(run_dir) / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter,
+                            model_type=saved_model_type(run_dir))
     card.save(out_dir / "README.md")
     return sorted([*staged, "README.md"])
 

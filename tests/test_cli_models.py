@@ -98,6 +98,17 @@ def test_cli_mlm_from_scratch_with_our_bert(tmp_path):
     start = json.loads((run / "log.jsonl").read_text().splitlines()[0])
     trained = json.loads((run / "metrics.json").read_text())["eval_perplexity"]
     assert start["step"] == 0 and start["eval_perplexity"] > 50  # near uniform over the ~160-token vocabulary
+    # The card's code runs in a fresh interpreter: transformers knows bertpipe_bert only once `import models` ran.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+    from tests.families.matrix import card_code
+
+    code = card_code(run)
+    assert code.startswith("import models")
+    ran = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and "score" in ran.stdout, ran.stderr[-2000:]
     assert trained < 0.5 * start["eval_perplexity"], (start, trained)
 
 
