@@ -244,9 +244,10 @@ class TranslationModelBuilding:
         named = model.config.decoder_start_token_id
         if named is not None and start != named:
             logger.warning(
-                "the checkpoint starts its decoder with %r, but training starts it with %r (the %s model's labels, shifted "
-                "right): generation starts with %r too", self.tokenizer.convert_ids_to_tokens(named),
-                self.tokenizer.convert_ids_to_tokens(start), model.config.model_type, self.tokenizer.convert_ids_to_tokens(start),
+                "the model names %r as its decoder start, but the %s model's targets (translation.tgt_lang=%s), shifted right "
+                "as training feeds them, start the decoder with %r: generation starts with %r too",
+                self.tokenizer.convert_ids_to_tokens(named), model.config.model_type, self.options.tgt_lang,
+                self.tokenizer.convert_ids_to_tokens(start), self.tokenizer.convert_ids_to_tokens(start),
             )
         model.config.decoder_start_token_id = start
         model.generation_config.decoder_start_token_id = start
