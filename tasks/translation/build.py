@@ -103,6 +103,14 @@ class TranslationModelBuilding:
             raise ModelError(f"tokenizer of {source!r} has no pad token; translation batches need one")
         if self.warm_start and (tokenizer.cls_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id) is None:
             raise ModelError(f"tokenizer of {source!r} has neither [CLS] nor a BOS token to start the decoder with")
+        specials = len(tokenizer(text_target="")["input_ids"])
+        if self.options.max_target_length <= specials:
+            # The tokenizer does not truncate below the special tokens it adds: every target stayed whole, while
+            # the warning of cut targets counted them as cut (at the limit itself, targets held specials alone).
+            raise ConfigError(
+                f"translation.max_target_length={self.options.max_target_length} leaves no room for a target word: the "
+                f"tokenizer of {source!r} adds {specials} special token(s) to every target; set it above {specials}"
+            )
         self.tokenizer = tokenizer
         self.output_pad_values[GENERATED_KEY] = tokenizer.pad_token_id
         self.lowercase = self.options.lowercase_metrics if self.options.lowercase_metrics is not None else tokenizer_lowercases(tokenizer)

@@ -295,6 +295,17 @@ def test_translation_max_new_tokens_past_the_decoders_positions_is_refused_befor
         too_long.build_model(raw)
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+def test_translation_max_target_length_without_room_for_a_word_is_refused(tmp_path, tiny_bert, limit):
+    """BERT targets carry [CLS] and [SEP]: below two the tokenizer did not truncate at all (targets stayed whole while
+    the warning called them cut), at two every target was [SEP] alone."""
+    task = make_task(tmp_path, tiny_bert, overrides=[f"translation.max_target_length={limit}"])
+    with pytest.raises(ConfigError, match=rf"translation\.max_target_length={limit} leaves no room for a target word.*adds 2 special"):
+        task.build_tokenizer(task.load())
+    roomy = make_task(tmp_path, tiny_bert, overrides=["translation.max_target_length=3"])
+    roomy.build_tokenizer(roomy.load())
+
+
 def test_translation_tied_bert2bert_shares_weights_and_survives_reload(tmp_path, tiny_bert):
     from transformers import AutoModelForSeq2SeqLM
 
