@@ -104,6 +104,14 @@ def test_cli_translation_predict_may_not_replace_the_runs_generations(trained_ru
     assert (trained_run / "generations.jsonl").read_bytes() == generations
 
 
+def test_cli_translation_predict_carries_the_columns_it_did_not_read(trained_run, tmp_path):
+    """The sources came from the source language's column: a `text` column beside it is the caller's and was dropped."""
+    inputs = write_jsonl(tmp_path / "inputs.jsonl", [{"de": "ein haus", "text": "a note", "id": 7}])
+    run_cli("predict", str(trained_run), "--input", str(inputs), "--output", str(tmp_path / "out.jsonl"))
+    row = json.loads((tmp_path / "out.jsonl").read_text())
+    assert row["text"] == "a note" and row["id"] == 7 and row["source"] == "ein haus"
+
+
 def test_cli_translation_predict_translates_a_txt_file(predicted):
     sources, rows = predicted
     assert [row["source"] for row in rows] == sources

@@ -113,10 +113,15 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
     def load_inputs(self, path: str) -> Dataset:
         src = self.options.source_lang
         inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding, text_columns=[self.options.source_lang, "text"]), path)
+        # The one column the sources come from (input_columns): another, e.g. a `text` beside the source language's,
+        # is the caller's own and goes to the output.
+        self._source_column = src
         if src not in inputs.column_names:
             if self.options.translation_column in inputs.column_names:
+                self._source_column = self.options.translation_column
                 inputs = to_language_columns(inputs, [src], self.options.translation_column, "input")
             elif "text" in inputs.column_names:
+                self._source_column = "text"
                 inputs = inputs.rename_column("text", src)
             else:
                 raise DataError(
@@ -237,7 +242,8 @@ print([text.strip() for text in tokenizer.batch_decode(generated, skip_special_t
         }
 
     def input_columns(self) -> tuple[str, ...]:
-        return (self.options.source_lang, self.options.translation_column, "text")
+        read = getattr(self, "_source_column", None)  # set by load_inputs
+        return (read,) if read is not None else (self.options.source_lang, self.options.translation_column, "text")
 
     def format_predictions(self, predictions: dict[str, Any], examples: Dataset) -> list[dict[str, Any]]:
         sources = examples[self.options.source_lang]
