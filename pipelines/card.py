@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from models.configuration import BertpipeBertConfig, BertpipeTransformerConfig
 from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import RunConfig
 
@@ -92,8 +91,11 @@ def _versions(adapter: bool) -> str:
     return "\n".join(f"- {name} {module.__version__}" for name, module in modules)
 
 
-# bertpipe's own model types (models/): transformers knows them once ``import models`` has registered them.
-OWN_MODEL_TYPES = (BertpipeBertConfig.model_type, BertpipeTransformerConfig.model_type)
+def _is_own_model_type(model_type: str) -> bool:
+    """bertpipe's own model types (models/), which transformers knows once ``import models`` has registered them."""
+    from models import BERT_MODEL_TYPE, TRANSFORMER_MODEL_TYPE  # here: the package imports torch, a card needs none
+
+    return model_type in (BERT_MODEL_TYPE, TRANSFORMER_MODEL_TYPE)
 
 
 def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int = 128,
@@ -102,7 +104,7 @@ def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapte
     (``{max_seq_length}`` in that input becomes the run's ``data.max_seq_length``). ``model_type``: the saved
     model's; bertpipe's own (``bertpipe_*``) loads only once bertpipe's ``models`` package has registered it."""
     snippet = _usage_snippet(task, model_name, base_model=base_model, adapter=adapter, max_seq_length=max_seq_length)
-    if model_type is not None and model_type in OWN_MODEL_TYPES:
+    if model_type is not None and _is_own_model_type(model_type):
         return f"import models  # bertpipe's models/ package (on the path): registers {model_type} with the Auto classes\n" + snippet
     return snippet
 
