@@ -1,6 +1,7 @@
-"""Every encoder family under a bf16 autocast, as ``train.mixed_precision=auto`` runs it on a CPU with native bf16
-(and ``--precision bf16|auto`` predicts): the rest of the family matrix pins fp32, so that its numbers do not depend
-on the CPU, and a family whose transformers code fails in bf16 (DeBERTa v1) went unseen there.
+"""Every encoder family (each head) and every seq2seq family (a step and generate()) under a bf16 autocast, as
+``train.mixed_precision=auto`` runs them on a CPU with native bf16 (and ``--precision bf16|auto`` predicts): the
+rest of the family matrix pins fp32, so that its numbers do not depend on the CPU, and a family whose transformers
+code fails in bf16 (DeBERTa v1) went unseen there.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 from pipelines.autocast_safety import make_autocast_safe
 from pipelines.files import json_lines
 from tests.conftest import write_jsonl
-from tests.families.builders import ENCODER_FAMILIES
+from tests.families.builders import ENCODER_FAMILIES, SEQ2SEQ_FAMILIES
 from tests.families.matrix import run_bertpipe, sentiment_rows, train
 
 HEADS = [AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoModelForQuestionAnswering, AutoModelForMaskedLM]
@@ -49,6 +50,28 @@ def test_families_every_head_trains_a_step_under_bf16_autocast(family, family_ch
             loss = model(**batch, **_labels(head, batch)).loss
         loss.backward()
         assert torch.isfinite(loss), f"{family} {head.__name__}: loss {loss}"
+
+
+@pytest.mark.parametrize("family", [family for family in SEQ2SEQ_FAMILIES if family != "bert2bert"])  # bert2bert: BERT's heads above
+def test_families_seq2seq_trains_a_step_and_generates_under_bf16_autocast(family, family_checkpoint):
+    from transformers import AutoModelForSeq2SeqLM
+
+    checkpoint = family_checkpoint(family)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    make_autocast_safe(model)
+    batch = dict(tokenizer(["der mann ist gut", "gut"], text_target=["the man is good", "good"], padding=True, return_tensors="pt",
+                           return_token_type_ids=False))
+    batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss), f"{family}: loss {loss}"
+    model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=4, num_beams=2)
+    assert generated.shape[0] == 2
 
 
 def test_families_deberta_trains_and_predicts_in_bf16(family_checkpoint, tmp_path):
