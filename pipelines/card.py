@@ -116,8 +116,9 @@ def _usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapt
         # which lacks the trained head's label maps: load the base under this repo's config.
         # A generating model's beam and length settings are the run's (its generation_config.json), not the base's.
         generates = "Seq2Seq" in auto_class or "CausalLM" in auto_class
-        generation = f'base.generation_config = GenerationConfig.from_pretrained("{model_name}")  # the run\'s beam settings\n'
-        generation, imported = (generation, "GenerationConfig, ") if generates else ("", "")
+        imported = "GenerationConfig, " if generates else ""
+        generation = (f'base.generation_config = GenerationConfig.from_pretrained("{model_name}")  # the run\'s beam settings\n'
+                      if generates else "")
         load = f"""from peft import PeftModel
 from transformers import AutoConfig, AutoTokenizer, {imported}{auto_class}
 
