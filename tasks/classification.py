@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict, Sequence, Value
+from datasets import ClassLabel, Dataset, DatasetDict, LargeList, Sequence, Value
 from pydantic import Field
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
@@ -105,8 +105,10 @@ class ClassificationTask(TaskBase):
         feature = split.features[self.label_column]
         if _holds_lists(feature):
             return "multi_label", f"split {split_name!r} holds lists of labels (multi_label)"
-        if isinstance(feature, Value) and feature.dtype.startswith("float"):
-            return "regression", f"split {split_name!r} holds float labels (regression)"
+        # Decimal scores are what SQL and pandas-Decimal exports write to parquet: read as classes, every
+        # distinct score became a label of its own.
+        if isinstance(feature, Value) and feature.dtype.startswith(("float", "decimal")):
+            return "regression", f"split {split_name!r} holds {feature.dtype} labels (regression)"
         return "single_label", f"split {split_name!r} holds one label per row (single_label)"
 
     def _check_label_kind(self, split: Dataset, split_name: str) -> None:
@@ -351,11 +353,17 @@ class ClassificationTask(TaskBase):
             return {"pearson": pearson, "spearmanr": spearman, "mse": float(np.mean((scores - references) ** 2))}
         predicted = predictions["predictions"]
         if self.problem_type == "multi_label":
+            # Macro over the labels that occur in the references or the predictions, as for one label per row
+            # below (sklearn's multi-label default averages every column: a label the split lacks and the model
+            # never predicts counted as 0, marking a perfect model down).
+            occurring = np.flatnonzero(references.any(axis=0) | predicted.any(axis=0)).tolist() or None
             predicted, references = predicted.tolist(), references.astype(np.int64).tolist()
             return {
                 "accuracy": self._metric("accuracy").compute(predictions=predicted, references=references)["accuracy"],
                 **{
-                    f"{name}_{average}": self._metric(name).compute(predictions=predicted, references=references, average=average)[name]
+                    f"{name}_{average}": self._metric(name).compute(
+                        predictions=predicted, references=references, average=average, labels=occurring
+                    )[name]
                     for name in ("f1", "precision", "recall") for average in ("micro", "macro")
                 },
             }
@@ -433,7 +441,9 @@ def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_colum
 
 
 def _holds_lists(feature: Any) -> bool:
-    return isinstance(feature, (Sequence, list, dict))
+    # LargeList (Polars' list type, and what datasets writes for one) is not a Sequence: read as one label
+    # per row, each combination of labels became a class named after the list's printed form.
+    return isinstance(feature, (Sequence, LargeList, list, dict))
 
 
 def _undefined_correlation(scores: np.ndarray, references: np.ndarray) -> tuple[str, str] | None:

@@ -361,3 +361,62 @@ def test_classification_macro_averages_skip_a_class_absent_from_the_eval_split_a
     wrong[1, task.label_names.index("neutral")] = 5.0
     metrics = task.compute_metrics(task.postprocess({"logits": wrong}, features, raw["validation"]), raw["validation"])
     assert metrics["recall_macro"] == metrics["f1_macro"] == pytest.approx(1 / 3)
+
+
+def _parquet_task(tmp_path, tiny_bert, train_table, eval_table):
+    import pyarrow.parquet as pq
+
+    pq.write_table(train_table, tmp_path / "train.parquet")
+    pq.write_table(eval_table, tmp_path / "valid.parquet")
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(f"task: classification\noutput_dir: {tmp_path / 'run'}\nmodel:\n  name_or_path: {tiny_bert}\n"
+                           f"data:\n  files:\n    train: {tmp_path / 'train.parquet'}\n    validation: {tmp_path / 'valid.parquet'}\n")
+    task = ClassificationTask(load_config(config_path, [], lambda name: get_task(name).Options))
+    raw = task.load()
+    task.build_tokenizer(raw)
+    return task, raw
+
+
+def test_classification_large_list_labels_are_multi_label_as_lists_are(tmp_path, tiny_bert):
+    """Polars writes list columns as Arrow large_list (datasets' LargeList, not a Sequence): read as one label per
+    row, each combination became a class named "['x', 'y']" and the run trained with exit status 0."""
+    import pyarrow as pa
+
+    labels = [["x", "y"], ["z"], [], ["x"]]
+    table = pa.table({"text": ["a", "b", "c", "d"], "label": pa.array(labels, pa.large_list(pa.string()))})
+    task, raw = _parquet_task(tmp_path, tiny_bert, table, table)
+    assert type(raw["train"].features["label"]).__name__ == "LargeList"
+    assert task.problem_type == "multi_label" and task.label_names == ["x", "y", "z"]
+    assert task.preprocess(raw["validation"], train=False)["labels"][:2] == [[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+
+
+def test_classification_decimal_scores_are_regression(tmp_path, tiny_bert):
+    """Parquet decimals (SQL and pandas-Decimal exports) were read as classes: one label per distinct score."""
+    import decimal
+
+    import pyarrow as pa
+
+    scores = pa.array([decimal.Decimal(s) for s in ("0.5", "1.0", "4.5", "5.0")], pa.decimal128(2, 1))
+    table = pa.table({"text": ["a", "b", "c", "d"], "label": scores})
+    task, raw = _parquet_task(tmp_path, tiny_bert, table, table)
+    assert task.problem_type == "regression"
+    assert task.preprocess(raw["validation"], train=False)["labels"] == [0.5, 1.0, 4.5, 5.0]
+
+
+def test_classification_multi_label_macro_averages_skip_a_label_absent_from_the_split_and_never_predicted(tmp_path, tiny_bert):
+    """As for one label per row: sklearn's multi-label macro average took every column, so a perfect model on a
+    split without one of three labels scored 2/3 macro F1, precision and recall."""
+    train = [{"text": "good", "label": ["x", "y"]}, {"text": "bad", "label": ["z"]}, {"text": "ok", "label": ["x"]}]
+    task, raw = make_task(tmp_path, tiny_bert, train, train[::2])
+    features = task.preprocess(raw["validation"], train=False)
+    references = np.asarray(features["labels"])
+    perfect = np.where(references > 0, 5.0, -5.0)
+    metrics = task.compute_metrics(task.postprocess({"logits": perfect}, features, raw["validation"]), raw["validation"])
+    assert metrics["f1_macro"] == metrics["precision_macro"] == metrics["recall_macro"] == metrics["f1_micro"] == 1.0
+
+    # Predicting the absent label is a mistake, and scores as one: z joins the averages with precision 0
+    # (and recall 0, sklearn's value for a label without gold rows), as a class does for one label per row.
+    wrong = perfect.copy()
+    wrong[0, task.label_names.index("z")] = 5.0
+    metrics = task.compute_metrics(task.postprocess({"logits": wrong}, features, raw["validation"]), raw["validation"])
+    assert metrics["precision_macro"] == metrics["recall_macro"] == pytest.approx((1 + 1 + 0) / 3)
