@@ -176,7 +176,7 @@ def test_cli_ner_documented_pipeline_call_is_predicts_word_rule(ner_setup, tmp_p
     tasks.load_tasks()  # as documented: registers bertpipe's pipeline("token-classification")
     run = ner_setup["run"]
     assert AutoConfig.from_pretrained(run).task_specific_params["token-classification"] == {
-        "aggregation_strategy": "words", "max_seq_length": 24, "stride": 8}
+        "aggregation_strategy": "words", "max_seq_length": 24, "stride": 8, "strict_scheme": None}
     texts = ["alice smith visited paris.", "Chen Novak's film, about oslo!"]
     source, target = write_jsonl(tmp_path / "in.jsonl", [{"text": text} for text in texts]), tmp_path / "out.jsonl"
     run_cli("predict", str(run), "--input", str(source), "--output", str(target))
@@ -215,6 +215,90 @@ def test_cli_ner_pipeline_leaves_other_token_classifiers_to_transformers(ner_set
     asked = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="words")(text)
     assert asked == pipeline("token-classification", model=str(ner_setup["run"]))(text)
     assert asked and all(text[e["start"] : e["end"]] == e["word"] for e in asked)
+
+
+def test_cli_ner_predict_on_a_txt_of_conll_columns_tags_its_tokens_as_training_read_them(ner_setup, tmp_path):
+    """Training read ``train.txt`` as CoNLL columns; predict read it as raw text, each token line ("alice X X
+    B-PER") a sentence of its own with "entities" among the tag columns, exit status 0."""
+    run, source = ner_setup["run"], ner_setup["files"]["train"]
+    renamed = tmp_path / "train.conll"
+    renamed.write_text(source.read_text())
+    rows = {}
+    for path in (source, renamed):
+        target = tmp_path / f"{path.suffix[1:]}-out.jsonl"
+        run_cli("predict", str(run), "--input", str(path), "--output", str(target))
+        rows[path.suffix] = [json.loads(line) for line in target.read_text().splitlines()]
+    assert rows[".txt"] == rows[".conll"]
+    assert [row["tokens"] for row in rows[".txt"]] == [words for words, _ in ner_sentences(240, seed=1)]
+
+
+def _bilou(tags: list[str]) -> list[str]:
+    """IOB2 tags as BILOU: a chunk's last word L-, a one-word chunk U-."""
+    out = []
+    for index, tag in enumerate(tags):
+        continues = index + 1 < len(tags) and tags[index + 1].startswith("I-")
+        prefix = {"B": "B" if continues else "U", "I": "I" if continues else "L"}.get(tag[0], "O")
+        out.append(tag if tag == "O" else f"{prefix}-{tag[2:]}")
+    return out
+
+
+def _pos(words: list[str]) -> list[str]:
+    return ["NNP" if w in FIRST_NAMES + SURNAMES else "NN" if w in CITIES else "VBD" if w in VERBS else "DT" for w in words]
+
+
+@pytest.mark.parametrize("tag_set", ["bilou", "pos"])
+def test_cli_ner_tag_sets_beyond_iob2_predict_their_own_chunks_or_words(tmp_path, tag_set):
+    """BILOU: seqeval's lenient reading knew no U-/L-, so two U-PER words were one entity, in metrics,
+    predict and pipeline(). POS: tags that name no chunks were chunked all the same ("NNP NNP" an entity "NP",
+    "VBD" one "BD"), and raw text got no tags. Now U- words are entities of their own, and a POS run
+    reports each word's tag; predict and pipeline() agree."""
+    from transformers import pipeline
+
+    import tasks
+
+    sentences = ner_sentences(160, seed=1, long_every=1000)
+    retag = (lambda words, tags: _bilou(tags)) if tag_set == "bilou" else (lambda words, tags: _pos(words))
+    rows = [{"tokens": words, "ner_tags": retag(words, tags)} for words, tags in sentences]
+    train, validation = write_jsonl(tmp_path / "train.jsonl", rows[:130]), write_jsonl(tmp_path / "validation.jsonl", rows[130:])
+    config = write_config(tmp_path / "c.yaml", f"""# test config
+task: ner
+output_dir: {tmp_path / 'run'}
+seed: 3
+model: {{name_or_path: {toy_ner_model(tmp_path)}}}
+data: {{files: {{train: {train}, validation: {validation}}}, max_seq_length: 24}}
+train: {{num_epochs: 4, batch_size: 16, learning_rate: 3.0e-3, warmup_fraction: 0.05, torch_num_threads: 1}}
+""")
+    run_cli("train", str(config))
+    run = tmp_path / "run"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert ("eval_f1" in metrics) == (tag_set == "bilou") and metrics["eval_accuracy"] >= 0.8, metrics
+
+    tokens = [words for words, _ in sentences[130:]]
+    texts = [" ".join(words) for words in tokens[:8]]
+    predicted = []
+    for name, inputs in (("tokens", [{"tokens": words} for words in tokens]), ("text", [{"text": text} for text in texts])):
+        source, target = write_jsonl(tmp_path / f"{name}.jsonl", inputs), tmp_path / f"{name}-out.jsonl"
+        run_cli("predict", str(run), "--input", str(source), "--output", str(target))
+        predicted += [json.loads(line) for line in target.read_text().splitlines()]
+    tasks.load_tasks()
+    served = pipeline("token-classification", model=str(run))(texts)
+    rounded = lambda found: [{**e, "score": round(e["score"], 4)} for e in found]  # noqa: E731
+    if tag_set == "bilou":
+        singles = 0
+        for row in predicted[: len(tokens)]:
+            spans = {(e["start_word"], e["end_word"]) for e in row["entities"]}
+            units = {(i, i + 1) for i, tag in enumerate(row["tags"]) if tag.startswith("U-")}
+            assert units <= spans, row
+            singles += len(units)
+        assert singles > 10  # the model tags single-word chunks U-, so the property above was put to the test
+        assert [rounded(found) for found in served] == [rounded(row["entities"]) for row in predicted[len(tokens):]]
+    else:
+        for words, row in zip(tokens, predicted):
+            assert "entities" not in row and [w["entity"] for w in row["words"]] == row["tags"]
+            assert [w["word"] for w in row["words"]] == words and set(row["tags"]) <= {"NNP", "NN", "VBD", "DT"}
+        for text, row, found in zip(texts, predicted[len(tokens):], served):
+            assert "entities" not in row and [w["word"] for w in row["words"]] == text.split(" ")
+            assert rounded(found) == rounded(row["words"])
 
 
 def test_cli_ner_tag_outside_the_label_set_names_file_and_line(ner_setup, tmp_path):

@@ -1,13 +1,16 @@
 """Words and entities: raw text -> words with character offsets, word tags -> entity spans in that text.
 
 In:  a raw text (``bertpipe predict`` on ``.txt`` lines or a jsonl ``text``), or pre-split words; per
-     word a tag name and a score.
-Out: CoNLL-like words with their ``(start, end)`` offsets; entities ``{entity_group, word, start, end,
-     score}`` chunked as seqeval's conlleval reading counts them, with ``word == text[start:end]``.
+     word a tag name and a score; the run's tag set and, for strict runs, its scheme.
+Out: CoNLL-like words with their ``(start, end)`` offsets; for chunk tags (``O``, ``B-X``...) entities
+     ``{entity_group, word, start, end, score}`` chunked as the run's metric counts them (conlleval's
+     lenient reading, or seqeval's strict one), with ``word == text[start:end]``; for other tag sets
+     (POS) one ``{entity, word, start, end, score}`` per word.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -53,37 +56,75 @@ def join_words(words: Sequence[str], separator: str = " ") -> tuple[str, list[tu
     return separator.join(words), offsets
 
 
-def word_tags(tag_ids: Sequence[int], label_names: Sequence[str]) -> list[str]:
+_CHUNK_TAG = re.compile(r"^(?:O|[BIESLU]-.+)$")
+
+
+def is_chunk_tag_set(label_names: Sequence[str]) -> bool:
+    """Whether the tags name chunks (``O``, ``B-X``, ``I-X``, ``E-``/``S-``/``L-``/``U-``): entities and
+    seqeval's measures make sense for them, not for POS tags (``NNP`` is no chunk of type ``NP``)."""
+    return all(_CHUNK_TAG.match(name) for name in label_names)
+
+
+def word_tags(tag_ids: Sequence[int], label_names: Sequence[str]) -> list[str | None]:
     """A sentence's word tag ids (-1: no window held the word) -> tag names.
 
-    A word no window could hold a piece of (a tokenizer that maps it to nothing) is tagged O, so that
-    it is still counted rather than dropped.
+    A word no window could hold a piece of (a tokenizer that maps it to nothing) is tagged O among chunk
+    tags, so that it is still counted rather than dropped; among other tags (POS) it has no tag (None):
+    the tag set's first name would be a prediction nothing made.
     """
-    outside = list(label_names).index("O") if "O" in label_names else 0
-    return [label_names[i if i >= 0 else outside] for i in tag_ids]
+    chunks = is_chunk_tag_set(label_names)
+    return [label_names[i] if i >= 0 else ("O" if chunks else None) for i in tag_ids]
+
+
+def lenient_chunk_tags(tags: Sequence[str]) -> list[str]:
+    """BILOU tags as IOBES (``L-`` as ``E-``, ``U-`` as ``S-``), which seqeval's lenient reading knows:
+    it reads neither ``L-`` nor ``U-``, so ``U-PER U-PER`` was one entity of two names and ``B-LOC L-LOC
+    U-LOC`` one of three words."""
+    return [f"E-{tag[2:]}" if tag.startswith("L-") else f"S-{tag[2:]}" if tag.startswith("U-") else tag for tag in tags]
 
 
 def sentence_entities(
-    tags: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str, *, raw_text: bool
+    tags: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str, *, raw_text: bool,
+    strict_scheme: str | None = None,
 ) -> list[dict[str, Any]]:
     """The entities ``bertpipe predict`` reports for one text (``start_word``/``end_word`` for given words only)."""
-    entities = word_entities(tags, scores, offsets, text)
+    entities = word_entities(tags, scores, offsets, text, strict_scheme=strict_scheme)
     if raw_text:  # word indices refer to our own split of the text: not part of the answer
         entities = [{k: v for k, v in e.items() if k not in ("start_word", "end_word")} for e in entities]
     return entities
 
 
 def word_entities(
-    tags: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str
+    tags: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str, *,
+    strict_scheme: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Word tags -> entity spans (conlleval chunking, as the metric counts them) with character offsets."""
-    from seqeval.metrics.sequence_labeling import get_entities
+    """Word tags -> entity spans with character offsets, chunked as the metric counts them: conlleval's
+    lenient reading, or with ``strict_scheme`` (a run's ``ner.strict``) only the scheme's valid chunks."""
+    if strict_scheme is None:
+        from seqeval.metrics.sequence_labeling import get_entities
 
+        chunks = get_entities(lenient_chunk_tags(tags))
+    else:
+        import seqeval.scheme
+
+        scheme = getattr(seqeval.scheme, strict_scheme)
+        chunks = [(e.tag, e.start, e.end - 1) for e in seqeval.scheme.Entities([list(tags)], scheme).entities[0]]
     entities = []
-    for entity_type, first, last in get_entities(list(tags)):
+    for entity_type, first, last in chunks:
         start, end = offsets[first][0], offsets[last][1]
         entities.append({
             "entity_group": entity_type, "word": text[start:end], "start": start, "end": end,
             "score": round(float(np.mean(scores[first : last + 1])), 6), "start_word": first, "end_word": last + 1,
         })
     return entities
+
+
+def word_records(
+    tags: Sequence[str | None], scores: Sequence[float], offsets: Sequence[tuple[int, int]], text: str
+) -> list[dict[str, Any]]:
+    """Word tags of a tag set that names no chunks (POS) -> one ``{entity, word, start, end, score}`` per word,
+    the fields of transformers' ungrouped token-classification output, for words instead of pieces."""
+    return [
+        {"entity": tag, "word": text[start:end], "start": start, "end": end, "score": round(float(score), 6)}
+        for tag, score, (start, end) in zip(tags, scores, offsets)
+    ]

@@ -4,7 +4,8 @@ In:  a run directory (model, tokenizer, and in ``config.task_specific_params["to
      the run's ``aggregation_strategy: words``, ``max_seq_length`` and ``stride``); raw texts, or word
      lists with ``is_split_into_words=True``, at call time.
 Out: per text the list ``bertpipe predict`` writes for it: ``{entity_group, word, start, end, score}``
-     with ``word == text[start:end]`` (word lists also get ``start_word``/``end_word``), computed by
+     with ``word == text[start:end]`` (word lists also get ``start_word``/``end_word``; a run whose tags
+     name no chunks, POS, gives ``{entity, word, start, end, score}`` per word, predict's ``words``), computed by
      predict's own functions (:mod:`tasks.ner.windows`, :mod:`tasks.ner.entities`): raw text split
      into words as predict splits it, words encoded pre-split in word-boundary windows, each word
      tagged by its first piece, tags chunked by seqeval. The two agree whatever the weights, for
@@ -43,7 +44,7 @@ import torch
 from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
 from pipelines.graphemes import grapheme_boundaries, visible_span
-from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
+from tasks.ner.entities import is_chunk_tag_set, join_words, sentence_entities, split_words, word_records, word_tags
 from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions, piece_predictions
 from tasks.ner.windows import encode_word_windows, select_word_predictions
 
@@ -139,8 +140,12 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
             tag_ids, tag_scores, [0] * len(all_outputs), [output["word_index"] for output in all_outputs], [info["word_count"]]
         )
         label_names = [self.model.config.id2label[index] for index in range(len(self.model.config.id2label))]
-        entities = sentence_entities(word_tags(ids[0], label_names), scores[0], info["offsets"], info["text"], raw_text=info["raw_text"])
+        tags = word_tags(ids[0], label_names)
         ignored = ["O"] if ignore_labels is None else ignore_labels
+        if not is_chunk_tag_set(label_names):  # POS and other tags that name no chunks: every word's tag
+            return [word for word in word_records(tags, scores[0], info["offsets"], info["text"]) if word["entity"] not in ignored]
+        entities = sentence_entities(tags, scores[0], info["offsets"], info["text"], raw_text=info["raw_text"],
+                                     strict_scheme=self._run_defaults().get("strict_scheme"))
         return [entity for entity in entities if entity["entity_group"] not in ignored]
 
 

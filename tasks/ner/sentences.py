@@ -96,6 +96,22 @@ def read_conll(
     return sentences
 
 
+def holds_tagged_columns(path: str | Path, *, tag_column: int, tags: set[str], encoding: str = "utf-8") -> bool:
+    """Whether a text file is CoNLL columns tagged with ``tags``: each line blank, a ``-DOCSTART-`` marker,
+    or as many columns (two or more) as the first such line with one of ``tags`` in ``tag_column``."""
+    width = None
+    with naming_undecodable({"input": [path]}, encoding), open(path, encoding=encoding) as handle:
+        for number, line in enumerate(handle, start=1):
+            stripped = (line.removeprefix("\ufeff") if number == 1 else line).strip(_ASCII_SPACE)
+            columns = _COLUMN_SEPARATOR.split(stripped) if stripped else []
+            if not columns or columns[0] == DOCSTART:
+                continue
+            width = width or len(columns)
+            if width < 2 or len(columns) != width or not -width <= tag_column < width or columns[tag_column] not in tags:
+                return False
+    return width is not None
+
+
 def read_json_rows(path: Path, *, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """``.jsonl`` (one object a line) or ``.json`` (a list of objects) -> rows with a ``location``."""
     with naming_undecodable({"input": [path]}, encoding):

@@ -11,7 +11,7 @@ Out: :class:`NerTask`, which the task-agnostic pipeline drives: raw splits as ``
 
 from __future__ import annotations
 
-import re
+import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Sequence
 
@@ -31,10 +31,12 @@ from pipelines.hub import resolve_dataset
 from pipelines.metrics import load_metric
 from pipelines.modeling import encode_words_as_in_running_text, load_model
 from pipelines.task import TaskBase
-from tasks.ner.entities import join_words, sentence_entities, split_words, word_tags
+from tasks.ner.entities import (
+    is_chunk_tag_set, join_words, lenient_chunk_tags, sentence_entities, split_words, word_records, word_tags,
+)
 from tasks.ner.sentences import (
-    CONLL_SUFFIXES, JSON_SUFFIXES, check_sentence, class_label_names, order_labels, read_conll, read_json_rows,
-    sentences_dataset,
+    CONLL_SUFFIXES, JSON_SUFFIXES, check_sentence, class_label_names, holds_tagged_columns, order_labels, read_conll,
+    read_json_rows, sentences_dataset,
 )
 from tasks.ner.windows import IGNORE_INDEX, b_to_i_map, select_word_predictions, tokenize_and_align
 
@@ -42,7 +44,8 @@ PIPELINE_TASK = "token-classification"
 WORD_AGGREGATION = "words"
 """The ``aggregation_strategy`` of ``pipeline("token-classification")`` that is ``bertpipe predict``'s word rule."""
 DEFAULT_TAG_COLUMNS = ("ner_tags", "tags")
-_ENTITY_TAG = re.compile(r"^(?:O|[BIESLU]-.+)$")
+
+logger = logging.getLogger(__name__)
 
 
 class NerOptions(TaskOptions):
@@ -237,13 +240,25 @@ print(tagger("Angela Merkel visited Paris in May."))"""
         return Dataset.from_dict({"tokens": tokens, "tags": tags, "location": locations})
 
     def load_inputs(self, path: str) -> Dataset:
-        """``.txt``: one raw text per line; ``.conll``: CoNLL columns; json/jsonl: ``tokens`` lists or ``text``."""
+        """``.txt``: one raw text per line; ``.conll``: CoNLL columns; json/jsonl: ``tokens`` lists or ``text``.
+
+        A ``.txt`` of CoNLL columns tagged with the run's tags (the eval file training read as ``.txt``)
+        is read as CoNLL columns: as raw text, each token line was a "sentence" of token and tags."""
         path = Path(path)
-        if path.suffix.lower() == ".conll":
-            # Tags are not read: text to tag often comes one token per line, with no tag column at all.
-            rows = read_conll(path, token_column=self.options.conll_token_column, tag_column=None, encoding=self.config.data.encoding)
-            _require_a_word([r["tokens"] for r in rows], path)
-            return Dataset.from_dict({"tokens": [r["tokens"] for r in rows], "location": [r["location"] for r in rows]})
+        suffix = path.suffix.lower()
+        if suffix == ".txt" and holds_tagged_columns(
+            path, tag_column=self.options.conll_tag_column, tags=set(self.label_names or ()), encoding=self.config.data.encoding
+        ):
+            logger.info("%s holds CoNLL columns tagged with the run's tags: tagging its tokens (column %d), one "
+                        "sentence per block of lines, as training reads a .txt", path, self.options.conll_token_column)
+        elif suffix != ".conll":
+            return self._load_text_or_json_inputs(path)
+        # Tags are not read: text to tag often comes one token per line, with no tag column at all.
+        rows = read_conll(path, token_column=self.options.conll_token_column, tag_column=None, encoding=self.config.data.encoding)
+        _require_a_word([r["tokens"] for r in rows], path)
+        return Dataset.from_dict({"tokens": [r["tokens"] for r in rows], "location": [r["location"] for r in rows]})
+
+    def _load_text_or_json_inputs(self, path: Path) -> Dataset:
         inputs = read_inputs(path, encoding=self.config.data.encoding, text_columns=["text"])
         if self.tokens_column in inputs.column_names:
             tokens = inputs[self.tokens_column]
@@ -299,6 +314,7 @@ print(tagger("Angela Merkel visited Paris in May."))"""
         # finds the entities this run's predict finds, in windows of the size it was trained on.
         defaults = {PIPELINE_TASK: {
             "aggregation_strategy": WORD_AGGREGATION, "max_seq_length": self.config.data.max_seq_length, "stride": self.options.stride,
+            "strict_scheme": self._entity_scheme() if self._entity_metrics() else None,
         }}
         return load_model(
             self.auto_model_class, self.config.model, label_maps=label_maps, config_overrides={"task_specific_params": defaults}
@@ -346,7 +362,11 @@ print(tagger("Angela Merkel visited Paris in May."))"""
 
     def _entity_metrics(self) -> bool:
         """seqeval's entity measures only make sense for chunk tags (O, B-X, I-X...), not for POS tags."""
-        return all(_ENTITY_TAG.match(name) for name in self.label_names)
+        return is_chunk_tag_set(self.label_names)
+
+    def _entity_scheme(self) -> str | None:
+        """The scheme entities are chunked by, as the metric counts them: None for conlleval's lenient reading."""
+        return self._strict_scheme() if self.options.strict else None
 
     def _strict_scheme(self) -> str:
         if self.options.scheme:
@@ -366,8 +386,11 @@ print(tagger("Angela Merkel visited Paris in May."))"""
             return {"accuracy": correct / words, "words": words}
         if self._metric is None:
             self._metric = load_metric("seqeval")
-        strict = {"mode": "strict", "scheme": self._strict_scheme()} if self.options.strict else {}
-        result = self._metric.compute(predictions=predicted, references=references, **strict)
+        if self.options.strict:
+            result = self._metric.compute(predictions=predicted, references=references, mode="strict", scheme=self._strict_scheme())
+        else:
+            result = self._metric.compute(predictions=[lenient_chunk_tags(tags) for tags in predicted],
+                                          references=[lenient_chunk_tags(tags) for tags in references])
         metrics = {
             "precision": result.pop("overall_precision"), "recall": result.pop("overall_recall"),
             "f1": result.pop("overall_f1"), "accuracy": result.pop("overall_accuracy"), "words": words,
@@ -410,7 +433,10 @@ print(tagger("Angela Merkel visited Paris in May."))"""
             row: dict[str, Any] = {"text": text}
             if not raw_text:
                 row.update(tokens=list(words), tags=tags)
-            row["entities"] = sentence_entities(tags, scores, offsets, text, raw_text=raw_text)
+            if self._entity_metrics():
+                row["entities"] = sentence_entities(tags, scores, offsets, text, raw_text=raw_text, strict_scheme=self._entity_scheme())
+            else:  # POS and other tags that name no chunks: each word's tag, as pipeline() gives it
+                row["words"] = word_records(tags, scores, offsets, text)
             rows.append(row)
         return rows
 

@@ -14,8 +14,9 @@ from pipelines.metrics import load_metric
 from tasks import get_task
 from tasks.ner import (
     IGNORE_INDEX, NerTask, align_labels, b_to_i_map, check_sentence, first_piece_words, join_words, order_labels,
-    read_conll, read_json_rows, select_word_predictions, split_words, tokenize_and_align, word_entities, word_windows,
+    read_conll, read_json_rows, select_word_predictions, split_words, tokenize_and_align, word_entities, word_tags, word_windows,
 )
+from tasks.ner.entities import word_records
 from tests.conftest import REPO_ROOT, build_tiny_bert, shared_path
 
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-MISC"]
@@ -205,6 +206,64 @@ def test_ner_predict_reads_a_conll_file_of_tokens_without_tags(tmp_path):
     assert inputs["tokens"] == [["Peter", "Blackburn"], ["Rome"]] and inputs["location"] == [f"{path}:3", f"{path}:6"]
     with pytest.raises(DataError, match=rf"{path}:3: a CoNLL line needs a token and a tag column"):
         read_conll(path)
+
+
+def test_ner_predict_reads_a_txt_of_conll_columns_with_the_runs_tags_as_conll(tmp_path):
+    """Training reads a .txt as CoNLL columns; predict read the same eval file as raw text, one "sentence" per
+    token line ("Peter NNP B-NP B-PER", an entity "NNP B-NP"), with exit status 0."""
+    task = _task(tmp_path, {"train": _write(tmp_path / "train.txt", CONLL)})
+    task.label_names = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
+    inputs = task.load_inputs(str(_write(tmp_path / "valid.txt", CONLL)))
+    assert inputs["tokens"] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]] and "text" not in inputs.column_names
+
+    # Raw text stays raw text: lines whose last word is not one of the run's tags, or of one column, or ragged.
+    for text in ("Peter visited Rome\nand left\n", "Peter O\nRome\n", "Peter B-PER\nvisited Rome O\n", "Peter\n"):
+        inputs = task.load_inputs(str(_write(tmp_path / "raw.txt", text)))
+        assert inputs["text"] == text.splitlines(), text
+
+
+def test_ner_lenient_reading_chunks_bilou_tags_as_bilou():
+    """seqeval's lenient reading knows B/I/E/S, not L/U: U-PER U-PER was one entity "Alice Bob", and B-LOC L-LOC
+    U-LOC one "New York Paris", in the metric (P/R/F1 0.33/0.5/0.4 for a perfect prediction of four entities
+    but one) and in predict's and pipeline()'s entities."""
+    text = "Alice Bob in New York Paris"
+    offsets = [span for _, span in split_words(text)]
+    tags = ["U-PER", "U-PER", "O", "B-LOC", "L-LOC", "U-LOC"]
+    entities = word_entities(tags, [0.5] * 6, offsets, text)
+    assert [(e["entity_group"], e["word"]) for e in entities] == [("PER", "Alice"), ("PER", "Bob"), ("LOC", "New York"), ("LOC", "Paris")]
+
+
+def test_ner_lenient_metric_of_bilou_tags_counts_each_entity(tmp_path):
+    from datasets import Dataset
+
+    task = _task(tmp_path, {})
+    task.label_names = ["O", "B-PER", "I-PER", "L-PER", "U-PER", "B-LOC", "L-LOC", "U-LOC"]
+    references = Dataset.from_dict({"tags": [["U-PER", "U-PER", "O", "B-LOC", "L-LOC", "U-LOC"]]})
+    metrics = task.compute_metrics({"tags": [["U-PER", "U-PER", "O", "B-LOC", "L-LOC", "O"]]}, references)
+    assert (metrics["precision"], metrics["recall"], metrics["PER_recall"], metrics["LOC_recall"]) == (1.0, 0.75, 1.0, 0.5)
+
+
+def test_ner_strict_runs_report_the_entities_their_metric_counts():
+    """With ner.strict the metric drops chunks that are invalid in the scheme (an I- without its B- in IOB2);
+    predict reported the lenient reading's entities."""
+    text = "Peter Blackburn visited Rome"
+    offsets = [span for _, span in split_words(text)]
+    tags = ["I-PER", "I-PER", "O", "B-LOC"]
+    lenient = word_entities(tags, [0.5] * 4, offsets, text)
+    strict = word_entities(tags, [0.5] * 4, offsets, text, strict_scheme="IOB2")
+    assert [e["word"] for e in lenient] == ["Peter Blackburn", "Rome"] and [e["word"] for e in strict] == ["Rome"]
+    assert strict == lenient[1:]
+
+
+def test_ner_tags_that_name_no_chunks_are_reported_word_by_word():
+    """POS tags are no chunks: NNP NNP VBZ was "entities" NP 'EU Commission' and BZ 'rejects'; and a word no window
+    held took the tag set's first tag as if predicted."""
+    assert word_tags([0, 2, -1], ["NNP", "VBZ", "JJ"]) == ["NNP", "JJ", None]
+    assert word_tags([1, -1], ["O", "B-PER"]) == ["B-PER", "O"]
+    text = "EU  rejects"
+    records = word_records(["NNP", "VBZ"], [0.91, 0.5], [span for _, span in split_words(text)], text)
+    assert records == [{"entity": "NNP", "word": "EU", "start": 0, "end": 2, "score": 0.91},
+                       {"entity": "VBZ", "word": "rejects", "start": 4, "end": 11, "score": 0.5}]
 
 
 def test_ner_rows_of_json_and_parquet_files_count_from_1_as_every_other_message_does(tmp_path):
