@@ -39,7 +39,10 @@ def carried_input_columns(input_path: str, read_columns: Iterable[str], encoding
     read_columns = set(read_columns)
     table = read_inputs(input_path, encoding=encoding)
     names = [name for name in table.column_names if name not in read_columns]
-    if not names:
+    # A table with none of the columns the task reads was not read as that table's rows: a nested SQuAD
+    # document in a .jsonl is one row of 'version' and 'data', whose whole document was copied into the
+    # prediction of its one question (and with more questions, the count mismatch ended in a traceback).
+    if not names or read_columns.isdisjoint(table.column_names):
         return {}
     if suffix == ".jsonl":
         raw = _json_lines_columns(input_path, encoding, names, len(table))

@@ -137,6 +137,36 @@ def test_cli_qa_predict_and_the_registered_pipeline_agree(trained_run, tmp_path)
     assert len(top) == 3 and top[0]["answer"] == "grace"
 
 
+def test_cli_qa_predict_writes_ids_as_written_and_carries_nothing_from_a_nested_document(trained_run, tmp_path):
+    """An integer id came back as the string "17" (joined back to nothing); a nested SQuAD document in a .jsonl,
+    which the reader takes, was carried as a one-row table: with one question its prediction held the whole
+    document ('version', 'data'), with two the count mismatch ended in a traceback (exit 1)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    context = "the plot was dull and bob was fine"
+    for name in ("ids.jsonl", "ids.parquet"):
+        rows = [{"id": 17, "question": QUESTION, "context": context}, {"id": 4, "question": QUESTION, "context": context}]
+        source = tmp_path / name
+        if name.endswith(".parquet"):
+            pq.write_table(pa.Table.from_pylist(rows), source)
+        else:
+            write_jsonl(source, rows)
+        output = tmp_path / f"{name}.out.jsonl"
+        run_cli("predict", str(trained_run), "--input", str(source), "--output", str(output))
+        assert [json.loads(line)["id"] for line in output.read_text().splitlines()] == [17, 4], name
+
+    questions = [{"id": "a1", "question": QUESTION}, {"id": "a2", "question": "who was fine ?"}]
+    for count in (1, 2):
+        document = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": questions[:count]}]}]}
+        source, output = tmp_path / f"nested{count}.jsonl", tmp_path / f"nested{count}.out.jsonl"
+        source.write_text(json.dumps(document) + "\n")
+        run_cli("predict", str(trained_run), "--input", str(source), "--output", str(output))
+        answers = [json.loads(line) for line in output.read_text().splitlines()]
+        assert [sorted(answer) for answer in answers] == [["answer", "end", "id", "question", "score", "start"]] * count
+        assert [answer["id"] for answer in answers] == ["a1", "a2"][:count]
+
+
 def test_cli_qa_v2_reports_has_and_no_answer_splits(tmp_path, qa_model):
     config = qa_config(tmp_path, qa_model, write_data(tmp_path, unanswerable=0.35), v2=True, num_epochs=1, max_steps=8)
     run_cli("train", str(config))

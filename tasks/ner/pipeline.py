@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
+from pipelines.batching import undo_rewrites_after_each_call
 from pipelines.graphemes import grapheme_boundaries, visible_span
 from tasks.ner.entities import is_chunk_tag_set, join_words, sentence_entities, split_words, word_records, word_tags
 from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions, piece_predictions
@@ -57,6 +58,13 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
     text; the run's ``ner.stride`` by default), ``ignore_labels`` (entity types left out),
     ``is_split_into_words``/``delimiter`` (word lists joined by ``delimiter``, a space by default).
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self._run_defaults():
+            # Each forward pass of a bertpipe run on the model as loaded, as predict runs it: BigBird switches
+            # itself to full attention for good on its first input too short for blocks.
+            undo_rewrites_after_each_call(self.model)
 
     def _run_defaults(self) -> dict[str, Any]:
         return (getattr(self.model.config, "task_specific_params", None) or {}).get(PIPELINE_TASK, {})

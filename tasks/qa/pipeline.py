@@ -16,6 +16,7 @@ from typing import Any
 
 from transformers import AutoModelForQuestionAnswering, Pipeline
 
+from pipelines.batching import undo_rewrites_after_each_call
 from pipelines.graphemes import is_blank
 from tasks.qa.decoding import postprocess_qa_predictions
 from tasks.qa.windows import check_question_lengths, prepare_features
@@ -42,6 +43,13 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
 
     _DEFAULTS = {"max_seq_len": 384, "doc_stride": 128, "max_answer_len": 30, "n_best_size": 20,
                  "handle_impossible_answer": False, "null_score_diff_threshold": 0.0, "top_k": 1}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Each forward pass runs on the model as loaded, as predict runs it: BigBird switches itself to full
+        # attention for good on its first input too short for blocks (a context's short last window), and
+        # the windows and questions after it then ran otherwise.
+        undo_rewrites_after_each_call(self.model)
 
     def _run_defaults(self) -> dict[str, Any]:
         saved = (getattr(self.model.config, "task_specific_params", None) or {}).get(PIPELINE_TASK, {})
@@ -108,23 +116,36 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
             {"question": [question], "context": [context]}, [0], tokenizer=self.tokenizer,
             max_length=max_seq_len, doc_stride=doc_stride, train=False,
         )
-        # On the right, as in evaluation: offsets and cls_index count a window's tokens from position 0.
-        model_inputs = self.tokenizer.pad(
-            {name: features[name] for name in self.tokenizer.model_input_names if name in features},
-            padding_side="right", return_tensors="pt",
-        )
-        return {"model_inputs": dict(model_inputs), "context": context, "offset_mapping": features["offset_mapping"], "cls_index": features["cls_index"]}
+        # Windows of one length run together, unpadded: most encoders mask padding out exactly, but not all
+        # (Funnel pools neighbouring positions, BigBird lays its blocks out over the padded length), and
+        # predict gives such a model's windows what each has alone. Padded to the longest window, a long
+        # context's short last window changed the answer.
+        lengths = [len(ids) for ids in features["input_ids"]]
+        names = [name for name in self.tokenizer.model_input_names if name in features]
+        groups = []
+        for length in sorted(set(lengths)):
+            rows = [index for index, window_length in enumerate(lengths) if window_length == length]
+            encoded = self.tokenizer.pad({name: [features[name][row] for row in rows] for name in names}, return_tensors="pt")
+            groups.append({"rows": rows, "model_inputs": dict(encoded)})
+        return {"window_groups": groups, "context": context, "offset_mapping": features["offset_mapping"], "cls_index": features["cls_index"]}
 
     def _forward(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        outputs = self.model(**inputs["model_inputs"])
-        return {**inputs, "model_inputs": None, "start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
+        start_logits: dict[int, Any] = {}
+        end_logits: dict[int, Any] = {}
+        for group in inputs["window_groups"]:
+            outputs = self.model(**group["model_inputs"])
+            for position, row in enumerate(group["rows"]):
+                start_logits[row], end_logits[row] = outputs.start_logits[position], outputs.end_logits[position]
+        return {**inputs, "window_groups": None, "start_logits": [start_logits[row] for row in sorted(start_logits)],
+                "end_logits": [end_logits[row] for row in sorted(end_logits)]}
 
     def postprocess(self, outputs: dict[str, Any], **options):
         options = {**self._run_defaults(), **options}
         top_k, max_answer_len = options["top_k"], options["max_answer_len"]
         n_best_size = max(options["n_best_size"], top_k)
         handle_impossible_answer, null_score_diff_threshold = options["handle_impossible_answer"], options["null_score_diff_threshold"]
-        starts, ends = outputs["start_logits"].float().numpy(), outputs["end_logits"].float().numpy()
+        starts = [logits.float().numpy() for logits in outputs["start_logits"]]
+        ends = [logits.float().numpy() for logits in outputs["end_logits"]]
         (result,) = postprocess_qa_predictions(
             [outputs["context"]], [0] * len(starts), outputs["offset_mapping"], starts, ends, outputs["cls_index"],
             n_best_size=n_best_size, max_answer_length=max_answer_len,

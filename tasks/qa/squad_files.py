@@ -24,6 +24,7 @@ from pipelines.errors import DataError, describe
 from pipelines.files import check_no_lone_surrogate, json_records, naming_undecodable, text_encoding
 from pipelines.graphemes import is_blank
 
+WRITTEN_ID = "id_as_written"
 EXAMPLE_FEATURES = Features({
     "id": Value("string"),
     "title": Value("string"),
@@ -78,7 +79,7 @@ def flat_row(row: dict[str, Any], where: str, default_id: str) -> dict[str, Any]
         answers = {"text": [], "answer_start": []}
     identifier = row.get("id")
     return {
-        "id": str(identifier) if identifier is not None else default_id,
+        "id": identifier if identifier is not None else default_id,  # as the file wrote it: rows_to_dataset makes it text
         "title": str(row.get("title") or ""),
         "context": row["context"],
         "question": row["question"],
@@ -144,8 +145,16 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
         raise DataError(f"{path} cannot be read as parquet: {describe(error)}") from error
 
 
-def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:
-    return Dataset.from_list(rows, features=EXAMPLE_FEATURES)
+def rows_to_dataset(rows: list[dict[str, Any]], *, written_ids: bool = False) -> Dataset:
+    """Flat rows -> examples of :data:`EXAMPLE_FEATURES`, ids as text; with ``written_ids`` also each id as the
+    file wrote it (an integer stays one), JSON-encoded in :data:`WRITTEN_ID`, for predict's output rows to join
+    back on."""
+    examples = [{**row, "id": str(row["id"])} for row in rows]
+    if not written_ids:
+        return Dataset.from_list(examples, features=EXAMPLE_FEATURES)
+    for example, row in zip(examples, rows):
+        example[WRITTEN_ID] = json.dumps(row["id"], default=str)
+    return Dataset.from_list(examples, features=Features({**EXAMPLE_FEATURES, WRITTEN_ID: Value("string")}))
 
 
 def check_examples(examples: Dataset, where: str, *, version_2_with_negative: bool | None) -> None:

@@ -10,6 +10,7 @@ Out: raw splits, window features (:mod:`tasks.qa.windows`), an ``AutoModelForQue
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -30,7 +31,9 @@ from pipelines.modeling import load_model
 from pipelines.task import TaskBase
 from tasks.qa.decoding import postprocess_qa_predictions
 from tasks.qa.pipeline import PIPELINE_TASK
-from tasks.qa.squad_files import check_examples, check_unique_ids, find_answer_mismatches, flat_row, read_squad_file, rows_to_dataset
+from tasks.qa.squad_files import (
+    WRITTEN_ID, check_examples, check_unique_ids, find_answer_mismatches, flat_row, read_squad_file, rows_to_dataset,
+)
 from tasks.qa.windows import check_question_lengths, prepare_features
 
 logger = logging.getLogger(__name__)
@@ -137,7 +140,7 @@ else:
         return raw
 
     def load_inputs(self, path: str) -> Dataset:
-        examples = rows_to_dataset(read_squad_file(path, encoding=self.config.data.encoding))
+        examples = rows_to_dataset(read_squad_file(path, encoding=self.config.data.encoding), written_ids=True)
         self._input_where = f"--input {path}"
         check_examples(examples, self._input_where, version_2_with_negative=None)
         return examples
@@ -264,7 +267,9 @@ else:
 
     def format_predictions(self, predictions: list[dict[str, Any]], examples: Dataset) -> list[dict[str, Any]]:
         rows = []
-        for identifier, question, prediction in zip(examples["id"], examples["question"], predictions):
+        # Ids as the input wrote them (an integer id 17 came back as "17", and joined back to nothing).
+        identifiers = [json.loads(written) for written in examples[WRITTEN_ID]] if WRITTEN_ID in examples.column_names else examples["id"]
+        for identifier, question, prediction in zip(identifiers, examples["question"], predictions):
             row = {
                 "id": identifier, "question": question, "answer": prediction["prediction_text"],
                 "score": round(prediction["score"], 6), "start": prediction["start"], "end": prediction["end"],

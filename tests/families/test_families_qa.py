@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import write_jsonl
-from tests.families.builders import _unigram_vocab
+from tests.families.builders import FILLER, PERSONS, PLACES, _unigram_vocab
 from tests.families.matrix import predict, qa_rows, train
 
 
@@ -62,6 +62,60 @@ def test_families_qa_left_padding_tokenizer_decodes_each_window_as_if_alone(xlne
         assert row["score"] == pytest.approx(expected["score"], abs=1e-4)
         assert served["score"] == pytest.approx(expected["score"], abs=1e-4)
     assert len(widths) > 1  # windows of unequal length, so padding
+
+
+def _answers_of_each_window_alone(answerer, question: str, context: str, max_length: int, doc_stride: int) -> dict:
+    from tasks.qa import postprocess_qa_predictions, prepare_features
+
+    features = prepare_features({"question": [question], "context": [context]}, [0], tokenizer=answerer.tokenizer,
+                                max_length=max_length, doc_stride=doc_stride, train=False)
+    names = [name for name in answerer.tokenizer.model_input_names if name in features]
+    with torch.no_grad():
+        alone = [answerer.model(**{name: torch.tensor([features[name][window]]) for name in names})
+                 for window in range(len(features["input_ids"]))]
+    (expected,) = postprocess_qa_predictions(
+        [context], features["example_index"], features["offset_mapping"],
+        [out.start_logits[0].numpy() for out in alone], [out.end_logits[0].numpy() for out in alone], features["cls_index"],
+    )
+    return {**expected, "windows": len(features["input_ids"])}
+
+
+@pytest.mark.parametrize(("family", "max_length", "doc_stride", "words"), [
+    ("funnel", 64, 16, (30, 60)),  # pools neighbouring positions: padding shows in every output
+    ("big_bird", 120, 32, (60, 140)),  # windows above its 88-piece block threshold run block-sparse, shorter ones in full
+])
+def test_families_qa_pipeline_answers_long_contexts_as_predict_does_for_models_padding_changes(
+    family, max_length, doc_stride, words, family_checkpoint, tmp_path,
+):
+    """pipeline("question-answering") padded a long context's windows to the longest and ran them as one batch; for
+    Funnel and BigBird (whose outputs padding changes) its answers then differed from predict's, which runs each
+    window as it is alone (6 of 300 Funnel answers, 116 scores). And BigBird switched itself to full attention for
+    good on a short last window, so the questions after it ran otherwise."""
+    import random
+
+    from transformers import pipeline
+
+    from tasks import load_tasks
+
+    load_tasks()
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", qa_rows(32, 1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", qa_rows(8, 2))}
+    run = train(tmp_path, "qa", family_checkpoint(family), files, f"data.max_seq_length={max_length}", train="  max_steps: 4",
+                section=f"qa: {{doc_stride: {doc_stride}}}")
+    rng = random.Random(0)
+    questions = [{"id": f"q{index}", "question": f"where does {rng.choice(PERSONS)} live ?",
+                  "context": " ".join(rng.choice(FILLER + PERSONS + PLACES) for _ in range(rng.randint(*words)))} for index in range(24)]
+    predicted = predict(run, questions, tmp_path)
+    answerer = pipeline("question-answering", model=str(run))  # one pipeline for every question, as a user keeps it
+    served = [answerer(question=q["question"], context=q["context"]) for q in questions]
+    several = 0
+    for question, row, answer in zip(questions, predicted, served):
+        expected = _answers_of_each_window_alone(answerer, question["question"], question["context"], max_length, doc_stride)
+        several += expected["windows"] > 1
+        assert (row["answer"], row["start"], row["end"]) == (expected["prediction_text"], expected["start"], expected["end"])
+        assert (answer["answer"], answer["start"], answer["end"]) == (row["answer"], row["start"], row["end"]), question["id"]
+        assert row["score"] == pytest.approx(expected["score"], abs=1e-4) and answer["score"] == pytest.approx(row["score"], abs=1e-4)
+    assert several >= 12  # most contexts span several windows, the last one shorter
 
 
 def test_families_qa_no_answer_position_is_the_templates_cls_not_a_cls_in_the_text(xlnet_checkpoint):

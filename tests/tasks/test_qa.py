@@ -24,6 +24,7 @@ from tasks.qa import (
     prepare_features,
     read_squad_file,
     register_qa_pipeline,
+    rows_to_dataset,
 )
 from tests.conftest import REPO_ROOT, write_jsonl
 
@@ -155,7 +156,8 @@ def test_qa_reader_detects_jsonl_with_either_answer_layout(tmp_path):
         {"question": "q3", "context": "c three"},
     ])
     rows = read_squad_file(path)
-    assert [row["id"] for row in rows] == ["7", "2", "3"]  # rows count from 1, as every message does
+    assert [row["id"] for row in rows] == [7, "2", "3"]  # as written; a missing one counts rows from 1, as every message does
+    assert rows_to_dataset(rows)["id"] == ["7", "2", "3"]  # the examples' ids are text (they key predictions.json)
     assert rows[1]["answers"] == {"text": ["two"], "answer_start": [2]}
     assert rows[2]["answers"] == {"text": [], "answer_start": []}
 
