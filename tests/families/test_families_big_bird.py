@@ -51,9 +51,12 @@ def test_families_big_bird_predict_gives_each_text_what_pipeline_gives_it_alone(
     lengths = [len(tokenizer(text, truncation=True, max_length=64)["input_ids"]) for text in TEXTS]
     assert min(lengths) <= threshold < max(lengths), lengths  # both attentions
     predicted = predict(run, [{"text": text} for text in TEXTS], tmp_path)
+    kept = pipeline("token-classification", model=str(run))
     for text, row in zip(TEXTS, predicted):
         alone = pipeline("token-classification", model=str(run))(text)  # a freshly loaded model per text
         assert_same_entities(row["entities"], alone, text, "big_bird")
+        # One pipeline for every text, the short ones first: it switched itself to full attention for good.
+        assert_same_entities(row["entities"], kept(text), text, "big_bird")
     assert sum(len(row["entities"]) for row in predicted[2:]) >= 2  # long texts' entities compared
 
 
