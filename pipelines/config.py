@@ -438,8 +438,15 @@ class RunConfig(Section):
     @field_validator("output_dir")
     @classmethod
     def _output_dir_absolute(cls, value: str) -> str:
-        # Always: the folder usually does not exist yet (Path("~/runs/x") made a folder named "~").
-        return _absolute_path(value) if value else value
+        # An empty output_dir was the current folder, and "/" a folder with no name: a run trained into either, then
+        # failed with a traceback (or, in an empty current folder, said a saved run could not be saved).
+        if not value.strip():
+            raise ValueError("is empty: name the run's folder (e.g. output_dir=runs/sst2)")
+        # Always absolute: the folder usually does not exist yet (Path("~/runs/x") made a folder named "~").
+        absolute = _absolute_path(value)
+        if not os.path.basename(absolute):
+            raise ValueError(f"{value!r} is the file system's root: name a folder for the run (e.g. output_dir=/runs/sst2)")
+        return absolute
 
     @model_validator(mode="after")
     def _distill_student(self) -> "RunConfig":

@@ -31,6 +31,10 @@ class ModelError(UserError, ValueError):
     """A model or tokenizer that cannot serve the configured task (raised by the loaders and the ONNX runner)."""
 
 
+class TrainingDiverged(UserError, ArithmeticError):
+    """A training loss or weights that are no longer finite numbers: the run cannot give a model."""
+
+
 class OutputDirError(UserError, RuntimeError):
     """An ``output_dir`` (or ``--output``, ``--out``) that cannot be written, or whose contents a write would lose."""
 

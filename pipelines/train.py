@@ -46,7 +46,7 @@ from pipelines.config import ConfigError, RunConfig, is_model_option
 from pipelines.data import PreparedData, features_digest, prepare_data, split_source, split_where
 from pipelines.distill import build_distillation_model, student_of, student_state_dict
 from pipelines.dropout import draw_cheap_attention_dropout_masks, draw_cheap_dropout_masks
-from pipelines.errors import OutputDirError, RunStopped, failures_named
+from pipelines.errors import OutputDirError, RunStopped, TrainingDiverged, failures_named
 from pipelines.evaluation import evaluate
 from pipelines.first_position import last_layer_at_first_position
 from pipelines.labelled_positions import head_at_labelled_positions
@@ -204,7 +204,15 @@ def _run(
     # The last evaluation's predictions, step and metrics: one that ends the run (early stopping) is its final one.
     last_evaluation: dict[str, Any] = {}
 
+    def require_finite(loss: float) -> None:
+        """A loss that is no longer a finite number ends the run (exit status 2), before a model of NaNs is
+        evaluated or saved: argmax over NaN logits is label 0, and such a run reported a believable accuracy."""
+        if not math.isfinite(loss):
+            raise _diverged(config, state.global_step, f"the training loss became {loss}", run_dir)
+
     def run_evaluation() -> dict[str, float]:
+        if interval_batches:  # what the last logged loss does not cover (a collective: every process calls it)
+            require_finite(accelerator.reduce(interval_loss.clone(), reduction="mean").item())
         started = time.perf_counter()
         predictions, metrics = evaluate(accelerator, model, eval_loader, task, eval_features, data.eval_examples, order=eval_sampler.order)
         metrics["eval_runtime"] = round(time.perf_counter() - started, 3)
@@ -240,6 +248,7 @@ def _run(
         """The mean loss since the last logged step, logged and added to the run's ``train_loss``."""
         nonlocal interval_batches
         mean_loss = accelerator.reduce(interval_loss / interval_batches, reduction="mean").item()
+        require_finite(mean_loss)
         state.train_loss_sum += mean_loss * interval_batches
         state.train_loss_count += interval_batches
         log({"loss": round(mean_loss, 6), "learning_rate": scheduler.get_last_lr()[0]})
@@ -253,6 +262,7 @@ def _run(
 
     def checkpoint() -> Path:
         update_totals()
+        require_finite(state.interval_loss)
         return write_checkpoint()
 
     model.train()
@@ -316,6 +326,10 @@ def _run(
         log_training_loss()
     progress.close()
     update_totals()
+    # The last update comes after the last loss: it may be the one that overflowed.
+    nonfinite = torch.tensor([float(any(not torch.isfinite(p).all() for p in model.parameters()))], device=accelerator.device)
+    if accelerator.reduce(nonfinite, reduction="sum").item():
+        raise _diverged(config, state.global_step, "the weights stopped being finite numbers at the last update", run_dir)
 
     def final_evaluation() -> tuple[Any, dict[str, float]]:
         try:
@@ -348,6 +362,20 @@ def _run(
                        trainable_params=trainable_params, total_params=total_params)
     _finish_run(accelerator, config, task, model, data, predictions, summary, state.log_history, step_log)
     return summary
+
+
+def _diverged(config: RunConfig, step: int, what: str, run_dir: Path) -> TrainingDiverged:
+    causes = [f"train.learning_rate={config.train.learning_rate:g} too high"]
+    if not config.train.max_grad_norm:
+        causes.append("no gradient clipping (train.max_grad_norm)")
+    if config.distill is not None:
+        causes.append(f"distill.temperature={config.distill.temperature:g} (logits divided by it overflow when it is tiny)")
+    causes.append("a data row the model cannot score")
+    return TrainingDiverged(
+        f"training diverged by step {step}: {what}, so the model's weights are no longer numbers (look for "
+        f"{', '.join(causes)}). The unfinished run in {run_dir} and its checkpoints cannot be resumed into a good "
+        "model: train again, with the cause changed and overwrite=true."
+    )
 
 
 def _evaluated_at(log_history: list[dict[str, Any]], step: int) -> bool:

@@ -287,3 +287,22 @@ def test_cli_overwrite_never_deletes_a_project_folder_that_keeps_its_config_as_c
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
         assert f"output_dir {project} is not empty and is not a bertpipe run" in refused.stderr
         assert {path: path.read_bytes() for path in sorted(project.rglob("*")) if path.is_file()} == before
+
+
+@pytest.mark.parametrize("when", ["logging step", "evaluation", "checkpoint"])
+def test_cli_a_run_whose_loss_diverges_ends_with_exit_2_and_saves_no_model(tmp_path, tiny_bert, sentiment_files, when):
+    """train.learning_rate=1000: the loss went 1884, 193648, 1.4e7, nan, and the run exited 0 with every weight NaN and
+    a believable eval_accuracy (argmax over NaN logits is label 0, the majority class). The divergence is caught at
+    whichever comes first of a logging step, an evaluation and a checkpoint."""
+    config = classification_config(tmp_path, tiny_bert, sentiment_files)
+    cadence = {"logging step": ["train.logging_steps=2", "train.eval_steps=null"],
+               "evaluation": ["train.logging_steps=100", "train.eval_steps=6"],
+               "checkpoint": ["train.logging_steps=100", "train.eval_steps=null", "train.save_steps=6"]}[when]
+    result = run_cli("train", str(config), "train.learning_rate=1000", "train.max_grad_norm=null", "train.max_steps=60",
+                     "train.warmup_fraction=0", *cadence, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "training diverged by step" in result.stderr and "train.learning_rate=1000 too high" in result.stderr
+    assert "no gradient clipping (train.max_grad_norm)" in result.stderr
+    run = tmp_path / "run"
+    assert not (run / "metrics.json").exists() and not (run / "model.safetensors").exists()
+    assert not list(run.glob("checkpoint-*")) and not (run / "best_model").exists()

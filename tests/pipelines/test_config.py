@@ -398,3 +398,13 @@ def test_config_rule_across_a_sections_keys_is_said_without_a_dump_of_the_sectio
     message = str(raised.value)
     assert "'train' in " in message and "needs train.eval_steps" in message, message
     assert "(got" not in message and "Value error" not in message and "learning_rate" not in message, message
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('""', r"is empty: name the run's folder"), ("'  '", r"is empty"), ("/", r"'/' is the file system's root"),
+])
+def test_output_dir_that_names_no_folder_is_refused(tmp_path, value, message):
+    """An empty output_dir trained into the current folder (and then said the saved run could not be saved), and
+    "/" ended in a traceback ("PosixPath('/') has an empty name") after training."""
+    with pytest.raises(ConfigError, match=rf"bad value for 'output_dir' in the command line: {message}"):
+        load_config(write(tmp_path, BASE), [f"output_dir={value}"], options_for)
