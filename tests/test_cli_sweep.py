@@ -299,6 +299,27 @@ def test_cli_sweep_continued_with_another_job_is_refused_naming_what_differs(tmp
     assert [trial.state.name for trial in study.trials] == ["COMPLETE", "COMPLETE"]
 
 
+def test_cli_sweep_continued_with_another_space_is_refused_naming_what_differs(tmp_path, tiny_bert, sentiment_files):
+    """A space of another kind for a key ended in Optuna's traceback ("Cannot set different distribution kind to the
+    same parameter name", exit 1) after a failed trial was added to the journal; one of other bounds was taken
+    without a word, mixing trials of two spaces in sweep.md and best.yaml."""
+    config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "lr")
+    space.write_text("train.learning_rate: {log_uniform: [1.0e-4, 1.0e-2]}\n")
+    args = ["sweep", str(config), "--space", str(space), "train.max_steps=2", "train.eval_steps=null"]
+    run_cli(*args, "--trials", "1")
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    for other, shown in (("train.learning_rate: {choice: [0.001, 0.01]}\n", "'choice [0.001, 0.01]' now"),
+                         ("train.learning_rate: {log_uniform: [0.05, 0.1]}\n", "'log_uniform [0.05, 0.1]' now"),
+                         ("train.learning_rate: {log_uniform: [1.0e-4, 1.0e-2]}\ntrain.weight_decay: {uniform: [0, 0.1]}\n",
+                          "train.weight_decay: not searched in the study, 'uniform [0, 0.1]' now")):
+        space.write_text(other)
+        result = run_cli(*args, "--trials", "2", check=False)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert "study 'lr'" in result.stderr and "another search space" in result.stderr and shown in result.stderr
+        assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file() and path != space} == {
+            path: data for path, data in before.items() if path != space}
+
+
 def test_cli_sweep_bad_space_is_exit_2_naming_key_and_file(tmp_path, tiny_bert, sentiment_files):
     config, space = sweep_config(tmp_path, tiny_bert, sentiment_files, "bad")
     space.write_text("train.learning_rate: {log_uniform: [1.0e-5, 1.0e-3]}\ntrain.lr_scheduler: {uniform: [0, 1]}\n")

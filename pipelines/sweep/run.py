@@ -213,22 +213,34 @@ def _check_journal_file(storage: str) -> None:
 
 def _check_same_job(plan: SweepPlan, study, base: RunConfig) -> None:
     """Refuse to continue a study with another job than the one its trials ran (the config with its overrides,
-    before the search space's values): only the objective was compared, so a rerun with other overrides, an
-    edited config, or another sweep sharing the storage under the same study name added its trials to the same
-    study, and sweep.md named one "best" among trials of different jobs."""
+    before the search space's values) or another search space: only the objective was compared, so a rerun with
+    other overrides, an edited config, or another sweep sharing the storage under the same study name added its
+    trials to the same study, and sweep.md named one "best" among trials of different jobs; a space of another
+    kind for a key ended in Optuna's traceback (exit 1) after a failed trial was added to the journal, and one of
+    other bounds mixed trials of two spaces without a word."""
     job = json.loads(json.dumps(flatten_tree(base.to_yaml_dict()), default=str))
-    recorded = study.user_attrs.get("job")
-    if recorded is None:  # a study begun before the job was recorded: from now on, its job is this one
+    space = {param.key: param.describe() for param in plan.params}
+    recorded_job, recorded_space = study.user_attrs.get("job"), study.user_attrs.get("space")
+    for what, now, recorded, absent in (("config", job, recorded_job, "None"), ("search space", space, recorded_space, "not searched")):
+        if recorded is None:
+            continue
+        differing = sorted(key for key in set(now) | set(recorded) if now.get(key) != recorded.get(key))
+        if differing:
+            shown = "; ".join(f"{key}: {_shown(recorded, key, absent)} in the study, {_shown(now, key, absent)} now" for key in differing[:5])
+            more = f" (and {len(differing) - 5} more)" if len(differing) > 5 else ""
+            raise SweepError(
+                f"study {plan.study_name!r} in {plan.storage} ran its trials with another {what}: {shown}{more}. Continue "
+                f"it with the config, overrides and --space it began with, or give the new sweep its own output_dir (or --study)"
+            )
+    # A study begun before these were recorded: from now on, its job and space are these.
+    if recorded_job is None:
         study.set_user_attr("job", job)
-        return
-    differing = sorted(key for key in set(job) | set(recorded) if job.get(key) != recorded.get(key))
-    if differing:
-        shown = "; ".join(f"{key}: {recorded.get(key)!r} in the study, {job.get(key)!r} now" for key in differing[:5])
-        more = f" (and {len(differing) - 5} more)" if len(differing) > 5 else ""
-        raise SweepError(
-            f"study {plan.study_name!r} in {plan.storage} ran its trials with another config: {shown}{more}. Continue it "
-            f"with the config and overrides it began with, or give the new sweep its own output_dir (or --study)"
-        )
+    if recorded_space is None:
+        study.set_user_attr("space", space)
+
+
+def _shown(setting: dict[str, Any], key: str, absent: str) -> str:
+    return repr(setting[key]) if key in setting else absent
 
 
 def _create_study(plan: SweepPlan, base: RunConfig):
