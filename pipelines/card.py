@@ -99,57 +99,69 @@ def _is_own_model_type(model_type: str) -> bool:
 
 
 def usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int = 128,
-                  model_type: str | None = None) -> str:
+                  model_type: str | None = None, multi_label: bool = False, revision: str | None = None,
+                  base_revision: str | None = None) -> str:
     """Python that loads the model for its task: ``pipeline()`` where the task names its input
     (``{max_seq_length}`` in that input becomes the run's ``data.max_seq_length``). ``model_type``: the saved
-    model's; bertpipe's own (``bertpipe_*``) loads only once bertpipe's ``models`` package has registered it."""
-    snippet = _usage_snippet(task, model_name, base_model=base_model, adapter=adapter, max_seq_length=max_seq_length)
+    model's; bertpipe's own (``bertpipe_*``) loads only once bertpipe's ``models`` package has registered it.
+    ``multi_label``: the saved model scores each label (``pipeline()``'s default shows the best one only).
+    ``revision``: the branch the model is pushed to; ``base_revision``: the base checkpoint's an adapter was
+    trained on (without them the code loaded the main branches: another model, or another base)."""
+    snippet = _usage_snippet(task, model_name, base_model=base_model, adapter=adapter, max_seq_length=max_seq_length,
+                             multi_label=multi_label, revision=revision, base_revision=base_revision)
     if model_type is not None and _is_own_model_type(model_type):
         return f"import models  # bertpipe's models/ package (on the path): registers {model_type} with the Auto classes\n" + snippet
     return snippet
 
 
-def _usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int) -> str:
+def _usage_snippet(task: Task, model_name: str, *, base_model: str | None, adapter: bool, max_seq_length: int,
+                   multi_label: bool, revision: str | None, base_revision: str | None) -> str:
     auto_class = task.auto_model_class.__name__
+    at = f', revision="{revision}"' if revision else ""
+    base_at = f', revision="{base_revision}"' if base_revision else ""
     if adapter:
         # transformers' own adapter loading builds the base from the base checkpoint's config,
         # which lacks the trained head's label maps: load the base under this repo's config.
         # A generating model's beam and length settings are the run's (its generation_config.json), not the base's.
         generates = "Seq2Seq" in auto_class or "CausalLM" in auto_class
         imported = "GenerationConfig, " if generates else ""
-        generation = (f'base.generation_config = GenerationConfig.from_pretrained("{model_name}")  # the run\'s beam settings\n'
+        generation = (f'base.generation_config = GenerationConfig.from_pretrained("{model_name}"{at})  # the run\'s beam settings\n'
                       if generates else "")
         load = f"""from peft import PeftModel
 from transformers import AutoConfig, AutoTokenizer, {imported}{auto_class}
 
-config = AutoConfig.from_pretrained("{model_name}")  # the trained head's label maps
-base = {auto_class}.from_pretrained("{base_model or 'BASE_MODEL'}", config=config)
-{generation}model = PeftModel.from_pretrained(base, "{model_name}").merge_and_unload()  # or keep the PeftModel
-tokenizer = AutoTokenizer.from_pretrained("{model_name}")
+config = AutoConfig.from_pretrained("{model_name}"{at})  # the trained head's label maps
+base = {auto_class}.from_pretrained("{base_model or 'BASE_MODEL'}", config=config{base_at})
+{generation}model = PeftModel.from_pretrained(base, "{model_name}"{at}).merge_and_unload()  # or keep the PeftModel
+tokenizer = AutoTokenizer.from_pretrained("{model_name}"{at})
 """
         model_argument = "model=model, tokenizer=tokenizer"
     else:
         load = f"""from transformers import AutoTokenizer, {auto_class}
 
-model = {auto_class}.from_pretrained("{model_name}")
-tokenizer = AutoTokenizer.from_pretrained("{model_name}")
+model = {auto_class}.from_pretrained("{model_name}"{at})
+tokenizer = AutoTokenizer.from_pretrained("{model_name}"{at})
 """
-        model_argument = f'model="{model_name}"'
+        model_argument = f'model="{model_name}"{at}'
     if task.card_pipeline_input is not None:
+        # pipeline()'s default top_k=1 shows one label of a multi-label model; predict scores each label.
+        shown = task.card_pipeline_input.replace("{max_seq_length}", str(max_seq_length)) + (", top_k=None" if multi_label else "")
         usage = f"""from transformers import pipeline
 
 predictor = pipeline("{task.pipeline_tag}", {model_argument})
-print(predictor({task.card_pipeline_input.replace("{max_seq_length}", str(max_seq_length))}))"""
+print(predictor({shown}))"""
         return usage if not adapter else load + "\n" + usage
     return load + "\n" + (task.card_model_usage or _GENERIC_MODEL_USAGE)
 
 
 def build_model_card(
     config: RunConfig, task: Task, metrics: dict[str, Any], *, model_name: str, adapter: bool | None = None,
-    model_type: str | None = None,
+    saved_config: dict[str, Any] | None = None, revision: str | None = None,
 ) -> ModelCard:
     """The card for a run; ``adapter`` (default: the run used ``model.peft``) selects the peft variant;
-    ``model_type`` is the saved model's (:func:`saved_model_type`)."""
+    ``saved_config`` is the saved model's ``config.json`` (:func:`saved_model_config`: its model and problem
+    types); ``revision`` the branch the card's repository is pushed to."""
+    saved_config = saved_config or {}
     adapter = config.model.peft is not None if adapter is None else adapter
     source = config.model.name_or_path
     base_model = source if source and not is_local_path(source) else None
@@ -175,9 +187,9 @@ def build_model_card(
         hyperparameters += "\n" + "\n".join(
             f"- peft.{key}: {value}" for key, value in config.model.peft.model_dump().items() if value is not None
         )
-    # Model settings that change what was trained: a dropout override, input embeddings kept as loaded.
+    # Model settings that change what was trained: the base's revision, a dropout override, input embeddings kept as loaded.
     hyperparameters += "".join(
-        f"\n- model.{key}: {value}" for key, value in (("dropout", config.model.dropout),
+        f"\n- model.{key}: {value}" for key, value in (("revision", config.model.revision), ("dropout", config.model.dropout),
                                                      ("freeze_input_embeddings", config.model.freeze_input_embeddings or None))
         if value is not None
     )
@@ -205,7 +217,8 @@ def build_model_card(
     )
     snippet = usage_snippet(
         task, model_name, base_model=base_model or source, adapter=adapter, max_seq_length=config.data.max_seq_length,
-        model_type=model_type,
+        model_type=saved_config.get("model_type"), multi_label=saved_config.get("problem_type") == "multi_label_classification",
+        revision=revision, base_revision=config.model.revision if base_model else None,
     )
     body = f"""
 # {model_name}
@@ -236,16 +249,22 @@ Trained with bertpipe (`task: {config.task}`) from {origin} on {data}.
     return ModelCard.from_template(card_data, template_str="---\n{{ card_data }}\n---\n" + body)
 
 
-def saved_model_type(run_dir: str | Path) -> str | None:
-    """``model_type`` of the model saved in ``run_dir`` (its ``config.json``), None where there is none to read."""
+def saved_model_config(run_dir: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of the model saved in ``run_dir``; ``{}`` where there is none to read."""
     try:
-        return json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
+        saved = json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def saved_model_type(run_dir: str | Path) -> str | None:
+    """``model_type`` of the model saved in ``run_dir``, None where there is none to read."""
+    return saved_model_config(run_dir).get("model_type")
 
 
 def write_model_card(run_dir: str | Path, config: RunConfig, task: Task, metrics: dict[str, Any]) -> Path:
-    card = build_model_card(config, task, metrics, model_name=Path(run_dir).resolve().name, model_type=saved_model_type(run_dir))
+    card = build_model_card(config, task, metrics, model_name=Path(run_dir).resolve().name, saved_config=saved_model_config(run_dir))
     path = Path(run_dir) / "README.md"
     # Not card.save(), which writes in place: a resumed finished run rewrites the card, and a kill
     # mid-write left a truncated one that publish uploads.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pipelines.adapters import MERGED_DIR, is_adapter_dir
 from pipelines.atomic_writes import replacing_folder
-from pipelines.card import build_model_card, saved_model_type
+from pipelines.card import build_model_card, saved_model_config
 from pipelines.config import RunConfig
 from pipelines.hub import hub_reachable
 from pipelines.outputs import METRICS_FILE
@@ -56,9 +56,10 @@ def publishable_files(folder: Path, allow: list[str]) -> list[str]:
 
 
 def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str | Path, sources: list[tuple[Path, list[str]]],
-              *, repo_id: str, merged: bool = False) -> list[str]:
+              *, repo_id: str, merged: bool = False, revision: str | None = None) -> list[str]:
     """Copy what would be uploaded from ``sources`` (checked by :func:`_publishable_sources`) into the empty
-    folder ``out_dir``, plus a card for ``repo_id``; returns the file names."""
+    folder ``out_dir``, plus a card for ``repo_id`` (its code loading ``revision``, the branch pushed to); returns
+    the file names."""
     out_dir = Path(out_dir)
     staged: list[str] = []
     for folder, allow in sources:
@@ -67,7 +68,7 @@ def stage_run(run_dir: str | Path, config: RunConfig, task: Task, out_dir: str |
             staged.append(name)
     adapter = is_adapter_dir(run_dir) and not merged
     card = build_model_card(config, task, json.loads((Path(run_dir) / METRICS_FILE).read_text(encoding="utf-8")), model_name=repo_id, adapter=adapter,
-                            model_type=saved_model_type(run_dir))
+                            saved_config=saved_model_config(run_dir), revision=revision)
     card.save(out_dir / "README.md")
     return sorted([*staged, "README.md"])
 
@@ -91,7 +92,8 @@ def _publishable_sources(run_dir: Path, merged: bool) -> list[tuple[Path, list[s
     return sources
 
 
-def _stage_dry_run(run_dir: Path, config: RunConfig, task: Task, out: Path, *, repo_id: str, merged: bool) -> list[str]:
+def _stage_dry_run(run_dir: Path, config: RunConfig, task: Task, out: Path, *, repo_id: str, merged: bool,
+                   revision: str | None) -> list[str]:
     """Stage into ``--out`` (new or empty) beside it and rename it in: a full disk or Ctrl-C mid-copy left a
     half-filled ``--out``, which the rerun then refused as not empty."""
     sources = _publishable_sources(run_dir, merged)  # a run that cannot be published is named before --out is looked at
@@ -100,7 +102,7 @@ def _stage_dry_run(run_dir: Path, config: RunConfig, task: Task, out: Path, *, r
     if out.exists() and any(out.iterdir()):
         raise PublishError(f"--out {out} is not empty; choose a new folder so nothing stale is uploaded")
     with replacing_folder(out, label="--out") as staging:
-        return stage_run(run_dir, config, task, staging, sources, repo_id=repo_id, merged=merged)
+        return stage_run(run_dir, config, task, staging, sources, repo_id=repo_id, merged=merged, revision=revision)
 
 
 def _check_weights(path: Path) -> None:
@@ -149,7 +151,7 @@ def publish_run(
     if dry_run:
         if out is None:
             raise PublishError("--dry-run needs --out DIR to write the folder that would be uploaded")
-        files = _stage_dry_run(Path(run_dir), config, task, Path(out), repo_id=repo_id, merged=merged)
+        files = _stage_dry_run(Path(run_dir), config, task, Path(out), repo_id=repo_id, merged=merged, revision=revision)
         return {"repo_id": repo_id, "dry_run": True, "folder": str(out), "files": files}
 
     _check_can_push()
@@ -160,7 +162,8 @@ def publish_run(
     api = HfApi()
     message = commit_message or f"Upload {Path(run_dir).resolve().name} trained with bertpipe"
     with tempfile.TemporaryDirectory(prefix="bertpipe-publish-") as staging:
-        files = stage_run(run_dir, config, task, staging, _publishable_sources(Path(run_dir), merged), repo_id=repo_id, merged=merged)
+        files = stage_run(run_dir, config, task, staging, _publishable_sources(Path(run_dir), merged), repo_id=repo_id, merged=merged,
+                          revision=revision)
         try:
             url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
             if revision:

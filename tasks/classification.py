@@ -85,9 +85,6 @@ class ClassificationTask(TaskBase):
         """``because`` says where the type came from, for the error a label column of the other kind gets."""
         self.problem_type = problem_type
         self._problem_type_because = because
-        if problem_type == "multi_label" and not self.card_pipeline_input.endswith("top_k=None"):
-            # pipeline()'s default top_k=1 shows one label of a multi-label model; predict scores each label.
-            self.card_pipeline_input += ", top_k=None"
 
     # ----- columns and labels -------------------------------------------------------------
     @property

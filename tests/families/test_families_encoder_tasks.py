@@ -22,7 +22,7 @@ from pipelines.modeling import count_parameters, load_model
 from pipelines.runtime import layer_classes_to_wrap
 from tests.conftest import write_jsonl
 from tests.families.builders import ENCODER_FAMILIES, MLM_FAMILIES, PADDING_DEPENDENT_FAMILIES
-from tests.families.matrix import card_code, head_at_labelled_positions_agrees, mlm_lines, run_card_code, piece_word, predict, qa_rows, sentiment_rows, train, word_spans
+from tests.families.matrix import card_code, head_at_labelled_positions_agrees, mlm_lines, run_card_code, piece_word, predict, qa_rows, run_bertpipe, sentiment_rows, train, word_spans
 
 LABELS = {"num_labels": 3, "id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
 HEADS = {
@@ -92,8 +92,12 @@ def test_families_multi_label_predict_pipeline_and_the_cards_call_agree(family, 
     assert [row["scores"] for row in predicted] == [pytest.approx(scores, abs=1e-4) for scores in served]
     assert [row["labels"] for row in predicted] == [[name for name in ("film", "negative", "positive") if row["scores"][name] >= 0.4]
                                                    for row in predicted]
-    card_call = re.search(r"predictor\((.*)\)\)", (run / "README.md").read_text()).group(1)
-    assert {s["label"] for s in eval(f"classifier({card_call})", {"classifier": classifier})} == {"film", "negative", "positive"}
+    # The run's card, and the card `bertpipe publish` writes (it built a fresh task, which never learnt the
+    # problem type: its call showed one label).
+    run_bertpipe("publish", str(run), "--repo-id", "me/tagger", "--dry-run", "--out", str(tmp_path / "published"))
+    for card in (run / "README.md", tmp_path / "published" / "README.md"):
+        card_call = re.search(r"predictor\((.*)\)\)", card.read_text()).group(1)
+        assert {s["label"] for s in eval(f"classifier({card_call})", {"classifier": classifier})} == {"film", "negative", "positive"}, card
     assert "- classification.multi_label_threshold: 0.4" in (run / "README.md").read_text()
 
 

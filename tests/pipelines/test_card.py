@@ -95,3 +95,32 @@ def test_card_usage_snippet_fits_the_task(task_name, expected):
     adapter_snippet = usage_snippet(task, "m/x", base_model="b", adapter=True)
     compile(adapter_snippet, "snippet", "exec")
     assert f"{task.auto_model_class.__name__}.from_pretrained(\"b\", config=config)" in adapter_snippet
+
+
+def test_card_code_loads_the_branch_pushed_to_and_the_adapters_base_revision():
+    """publish --revision BRANCH pushed there while the card's code loaded main (another model, or none); an adapter
+    trained on a base revision was put on the base's main branch (other weights, and no error)."""
+    task = get_task("classification")
+    full = usage_snippet(task, "me/x", base_model="b", adapter=False, revision="exp-1")
+    assert 'pipeline("text-classification", model="me/x", revision="exp-1")' in full
+    adapter = usage_snippet(task, "me/x", base_model="org/base", adapter=True, revision="exp-1", base_revision="v1.0")
+    for line in ('AutoConfig.from_pretrained("me/x", revision="exp-1")',
+                 'AutoModelForSequenceClassification.from_pretrained("org/base", config=config, revision="v1.0")',
+                 'PeftModel.from_pretrained(base, "me/x", revision="exp-1")', 'AutoTokenizer.from_pretrained("me/x", revision="exp-1")'):
+        assert line in adapter, line
+    compile(full, "snippet", "exec") and compile(adapter, "snippet", "exec")
+    plain = usage_snippet(task, "me/x", base_model="b", adapter=True)
+    assert "revision" not in plain and "revision" not in usage_snippet(task, "me/x", base_model="b", adapter=False)
+
+
+def test_card_of_a_multi_label_model_shows_every_labels_score(tmp_path):
+    """The card's call took top_k=None from the task's state, which only training set: publish built a fresh task,
+    and its card's call showed one label of a multi-label model. It now comes from the saved config."""
+    path = tmp_path / "c.yaml"
+    path.write_text("task: classification\noutput_dir: runs/x\ndata: {path: some/data}\nmodel: {name_or_path: org/base, revision: v2}\n")
+    config = load_config(path, [], lambda name: get_task(name).Options)
+    task = get_task("classification")(config)
+    multi = build_model_card(config, task, {}, model_name="me/x", saved_config={"problem_type": "multi_label_classification"}).text
+    single = build_model_card(config, task, {}, model_name="me/x", saved_config={"problem_type": "single_label_classification"}).text
+    assert "max_length=128, top_k=None))" in multi and "top_k" not in single
+    assert "- model.revision: v2" in single  # the base revision trained on, among the settings
