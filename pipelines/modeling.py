@@ -145,6 +145,12 @@ def load_model(
         with failures_named(ConfigError, f"model.architecture (model.model_type={model.model_type})"):
             config = AutoConfig.for_model(model.model_type, **model.architecture, **label_maps, **extra)
         apply_dropout(config, model.dropout)
+        if type(config) not in auto_class._model_mapping:
+            # transformers' own message ("Unrecognized configuration class ...") came as a traceback, exit 1.
+            raise ConfigError(
+                f"model.model_type={model.model_type} has no model of the kind this task builds ({auto_class.__name__}, "
+                f"with these options): choose a model type that has one (bert has every encoder head)"
+            )
         return auto_class.from_config(config)
 
     unused = [key for key, value in (("model.architecture", model.architecture), ("model.model_type", model.model_type != "bert")) if value]

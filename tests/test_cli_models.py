@@ -88,6 +88,18 @@ def test_cli_qa_with_our_bert(tmp_path):
     assert metrics["eval_exact_match"] >= 80, metrics
 
 
+def test_cli_from_scratch_model_type_without_the_tasks_head_is_refused_naming_it(tmp_path):
+    """bertpipe_bert has no pretraining head (next-sentence prediction): transformers' "Unrecognized configuration
+    class" came as a traceback with exit status 1, after the data was read."""
+    from tests.test_cli_mlm import corpus_file, pretrain_config
+
+    config = pretrain_config(tmp_path, corpus_file(tmp_path))
+    result = run_cli("train", str(config), "model.model_type=bertpipe_bert", "mlm.next_sentence_prediction=true", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "model.model_type=bertpipe_bert has no model of the kind this task builds (AutoModelForPreTraining" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_mlm_from_scratch_with_our_bert(tmp_path):
     from tests.test_cli_mlm import corpus_file, pretrain_config
 
