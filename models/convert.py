@@ -94,6 +94,9 @@ _WEIGHT_FILES = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|
 _OTHER_FORMAT_WEIGHTS = re.compile(r"^(tf_model\.h5|flax_model\.msgpack|rust_model\.ot|model\.ckpt\..*|onnx|openvino|coreml)$")
 
 
+_LEGACY_NORM = re.compile(r"LayerNorm\.(gamma|beta)$")
+
+
 def _translate(name: str, table, reverse: bool = False) -> str | None:
     """Rename by the first row whose source template is a prefix of ``name``; None if no row matches."""
     for theirs, ours in table:
@@ -157,6 +160,10 @@ def _bert_to_ours(state, config_dict):
     for key in ("is_decoder", "add_cross_attention"):
         if config_dict.get(key):
             raise ValueError(f"{key}=true has no bertpipe counterpart; only bidirectional encoders convert")
+    # The names of the original TensorFlow conversion, which bert-base-uncased's own files keep and transformers
+    # renames on load: they were refused ("missing 'bert.embeddings.norm.bias'").
+    state = {_LEGACY_NORM.sub(lambda match: "LayerNorm." + {"gamma": "weight", "beta": "bias"}[match.group(1)], name): tensor
+             for name, tensor in state.items()}
     tied = config_dict.get("tie_word_embeddings", True)
     if tied and "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
         # Some exports keep the output bias only under its tied alias.

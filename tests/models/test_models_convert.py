@@ -174,6 +174,28 @@ def test_convert_pretraining_checkpoint_drops_the_unused_pooler(tmp_path, batch)
         torch.testing.assert_close(ours(**batch).logits, reference(**batch).prediction_logits, atol=1e-6, rtol=1e-6)
 
 
+def test_convert_reads_the_legacy_layer_norm_names_bert_base_keeps(tmp_path, batch):
+    """bert-base-uncased's own files name LayerNorm tensors gamma/beta (the TensorFlow conversion's names), which
+    transformers renames on load: convert-bert refused them ("missing 'bert.embeddings.norm.bias'")."""
+    torch.manual_seed(0)
+    reference = BertForMaskedLM(tiny_hf_config()).eval()
+    with torch.no_grad():
+        for module in reference.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.normal_(), module.bias.normal_()  # not the defaults a dropped tensor would get
+    reference.save_pretrained(tmp_path / "hf")
+    state = load_file(tmp_path / "hf" / "model.safetensors")
+    legacy = {name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): tensor
+              for name, tensor in state.items()}
+    assert legacy.keys() != state.keys()
+    save_file(legacy, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+
+    convert_bert(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    ours = AutoModelForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**batch).logits, reference(**batch).logits, atol=1e-6, rtol=1e-6)
+
+
 def test_convert_untied_masked_lm_keeps_its_own_decoder_both_ways(tmp_path, batch):
     # With tie_word_embeddings=false the vocabulary projection (weight and bias: transformers unties both)
     # is a matrix of its own, not a copy of the input embeddings.
