@@ -264,15 +264,20 @@ def _check_new_folder(label: str, folder: str, what: str) -> None:
         raise OutputDirError(f"{label} {folder} is not empty; {what} goes into a new or empty folder")
 
 
-def _run_files_beside_the_model(folder: str) -> tuple[Path, ...]:
-    """A bertpipe run's own files beside its model and tokenizer: config, metrics, log, evaluation reports, model card,
-    checkpoints, best and merged models, trackers. ``convert-bert`` of a run copied them all: the converted folder then
-    passed for a finished run (``train`` refused it as one, ``evaluate`` read the run's config), its card described
-    the run's model, and it carried every checkpoint, optimizer states included."""
-    from pipelines.outputs import is_run_dir
+def _run_files_beside_the_model(folder: str, get_task: TaskLookup) -> tuple[Path, ...]:
+    """A bertpipe run's own files beside its model and tokenizer: config, metrics, log, evaluation reports (the task's
+    own too: QA's n-best answers, NER's eval_predictions.conll), model card, checkpoints, best and merged models,
+    trackers. ``convert-bert`` of a run copied them all: the converted folder then passed for a finished run
+    (``train`` refused it as one, ``evaluate`` read the run's config), its card described the run's model, and it
+    carried every checkpoint, optimizer states included."""
+    from pipelines.outputs import is_run_dir, load_saved_config
 
     if not is_run_dir(folder):
         return ()
+    try:
+        task_files = get_task(load_saved_config(folder)["task"]).run_files
+    except (UserError, KeyError, TypeError):  # a config that names no known task: the general files only
+        task_files = ()
     from pipelines.adapters import MERGED_DIR
     from pipelines.checkpoint import CHECKPOINTS_DIR, SOURCES_FILE
     from pipelines.outputs import CONFIG_FILE, LOG_FILE, METRICS_FILE, PLOT_FILE
@@ -282,7 +287,7 @@ def _run_files_beside_the_model(folder: str) -> tuple[Path, ...]:
 
     run = Path(folder)
     names = (CONFIG_FILE, METRICS_FILE, LOG_FILE, PLOT_FILE, SOURCES_FILE, "README.md", "predictions.json", "tracking",
-             CHECKPOINTS_DIR, BEST_MODEL_DIR, MERGED_DIR)
+             CHECKPOINTS_DIR, BEST_MODEL_DIR, MERGED_DIR, *task_files)
     # Folders bertpipe wrote a model into inside the run, under names of the user's (`export --out RUN/onnx`,
     # `publish --dry-run --out RUN/upload`): each holds the run's own weights, which the converted folder carried.
     written_inside = [path for path in run.iterdir() if path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / EXPORT_FILE).is_file())]
@@ -415,7 +420,7 @@ def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
         # destination and renamed into place: a failure or a kill mid-write left a half-filled folder the rerun refused.
         with failures_named(ModelError, f"convert-bert {args.source}"), \
                 replacing_folder(Path(args.destination), label="destination") as staging:
-            convert_bert(args.source, str(staging), reverse=args.reverse, leave_out=(args.destination, *_run_files_beside_the_model(args.source)))
+            convert_bert(args.source, str(staging), reverse=args.reverse, leave_out=(args.destination, *_run_files_beside_the_model(args.source, get_task)))
         print(f"wrote {args.destination}")
     elif args.command == "attention":
         _check_new_folder("--out", args.out, "the heatmaps")

@@ -224,6 +224,20 @@ def test_cli_convert_bert_of_a_run_takes_its_model_and_tokenizer_not_the_runs_ow
     torch.testing.assert_close(logits["back"], logits["run"], atol=1e-5, rtol=0)
 
 
+def test_cli_convert_bert_of_a_qa_run_leaves_the_tasks_own_reports_behind(tmp_path):
+    """The task's own run files (QA's n-best answers and predictions) were carried into the converted folder."""
+    from tests.conftest import build_tiny_bert
+    from tests.test_cli_qa import NAMES, qa_config, write_data
+
+    run_cli("train", str(qa_config(tmp_path, build_tiny_bert(tmp_path / "tiny", vocab_words=NAMES * 5), write_data(tmp_path, unanswerable=0.0),
+                                   v2=False)), "train.max_steps=2")
+    run = tmp_path / "run"
+    assert (run / "nbest_predictions.json").is_file() and (run / "predictions.json").is_file()
+    assert main(["convert-bert", str(run), str(tmp_path / "ours")]) == 0
+    assert sorted(path.name for path in (tmp_path / "ours").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+
 def test_cli_a_model_built_here_is_refused_when_its_vocabulary_or_padding_is_not_the_tokenizers(tmp_path, tiny_bert, sentiment_files):
     """From scratch for classification (MLM sized itself already): a vocab_size below the tokenizer's ended the first batch
     in an IndexError traceback (exit 1); a pad id other than the tokenizer's left that token's row at zero, untrained."""
