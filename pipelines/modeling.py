@@ -38,10 +38,27 @@ def _named_source(name_or_path: str, key: str) -> str:
     return f"{key}={name_or_path}"
 
 
+_REVISIONS_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_revision_of_a_local_copy(source: str, location: str, revision: str | None) -> None:
+    """Say once that ``model.revision`` cannot choose among a local copy's versions: a folder (a mirror copy of a Hub
+    id, or a path) holds one, and from_pretrained ignores the revision there without a word, while config.yaml, the
+    adapter and the card go on recording the revision asked for."""
+    if revision in (None, "main") or not Path(location).is_dir() or (source, revision) in _REVISIONS_WARNED:
+        return
+    _REVISIONS_WARNED.add((source, revision))
+    mirrored = Path(location).resolve() != Path(source).expanduser().resolve()
+    logger.warning("model.revision=%s: %s %s, which holds one version, whatever was copied there: revision %s is not "
+                   "checked, though the run records it", revision, source,
+                   f"resolves to its mirror copy {location}" if mirrored else "is a local folder", revision)
+
+
 def load_tokenizer(name_or_path: str, revision: str | None = None, *, require_fast: bool = True) -> PreTrainedTokenizerBase:
     """The tokenizer at ``name_or_path`` (Hub id, mirror id or folder). ``require_fast``: tasks that read offsets
     and ``word_ids()`` need a fast one; translation takes Marian's sentencepiece-only tokenizer too."""
     location = resolve_model(name_or_path)
+    warn_revision_of_a_local_copy(name_or_path, location, revision)
     where = _named_source(name_or_path, "model.tokenizer_name_or_path (or model.name_or_path)")
     with failures_named(ModelError, f"{where}: cannot load a tokenizer from {location}"):
         tokenizer = AutoTokenizer.from_pretrained(location, revision=revision)
@@ -159,6 +176,8 @@ def load_model(
         # config.yaml still records these keys, so say that the checkpoint's own architecture is the one trained.
         logger.warning("%s unused: model.name_or_path=%s brings its own architecture", " and ".join(unused), source)
     location = model_path or resolve_model(source)
+    if model_path is None:
+        warn_revision_of_a_local_copy(source, location, model.revision)
     if model_path is not None and (Path(model_path) / "export.json").is_file():
         # An ONNX export directory (bertpipe export): an onnxruntime session with the model's call
         # interface and config, so the task's predict/postprocess code serves it unchanged.

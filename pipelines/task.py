@@ -124,7 +124,8 @@ class TaskBase:
         at ``model_path``."""
         from pipelines.modeling import load_tokenizer, tokenizer_source
 
-        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), self.config.model.revision)
+        # A finished run's tokenizer is its own: the base's revision names none of its versions.
+        self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), None if model_path else self.config.model.revision)
         return self.tokenizer
 
     def metrics_absent_from(self, examples: Dataset) -> dict[str, str]:

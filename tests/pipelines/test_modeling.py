@@ -287,3 +287,26 @@ def test_modeling_adapter_run_of_another_head_kind_or_label_count_gives_a_new_he
     warnings = loading_warnings(caplog)
     expected = [str(ADAPTER_LABELS), str(labels)] if head == "sequence" else ["a ForSequenceClassification head"]
     assert len(warnings) == 1 and all(text in warnings[0] for text in expected), warnings
+
+
+def test_modeling_a_revision_a_local_copy_cannot_choose_is_named_once(tmp_path, tiny_bert, monkeypatch, caplog):
+    """model.revision on an id that resolves to its mirror copy (or on a folder) was ignored without a word, while
+    config.yaml, the adapter and the card recorded it as the revision trained on."""
+    import shutil
+
+    from transformers import AutoModelForSequenceClassification
+
+    from pipelines import modeling
+    from pipelines.modeling import load_tokenizer
+
+    shutil.copytree(tiny_bert, tmp_path / "mirror" / "models" / "owner" / "tiny")
+    monkeypatch.setenv("BERTPIPE_MIRROR", str(tmp_path / "mirror"))
+    monkeypatch.setattr(modeling, "_REVISIONS_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="pipelines.modeling"):
+        load_tokenizer("owner/tiny", "v2.0")
+        load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path="owner/tiny", revision="v2.0"))
+        for quiet in (None, "main"):
+            load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path="owner/tiny", revision=quiet))
+    warned = [record.getMessage() for record in caplog.records if "model.revision=" in record.getMessage()]
+    assert warned == [f"model.revision=v2.0: owner/tiny resolves to its mirror copy {tmp_path / 'mirror' / 'models' / 'owner' / 'tiny'}, "
+                      "which holds one version, whatever was copied there: revision v2.0 is not checked, though the run records it"]
