@@ -120,7 +120,7 @@ class ModelConfig(Section):
     tokenizer_name_or_path: str | None = None
     """A different tokenizer (default: the model's)."""
     revision: str | None = None
-    """Hub revision (branch, tag or commit) of the model and tokenizer."""
+    """Hub revision (branch, tag or commit) of the model and tokenizer. A mirror copy or a local folder holds one version: there the revision is not checked, and a warning says so."""
     model_type: str = "bert"
     """From-scratch model family (when ``name_or_path`` is unset); ``bertpipe_bert`` selects bertpipe's own BERT."""
     architecture: dict[str, Any] = Field(default_factory=dict)
