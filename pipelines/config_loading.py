@@ -93,9 +93,13 @@ def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, *, task_name:
     if isinstance(value, dict) and _names_a_section(keys, task_name):
         # Key by key also where the file has no such section (or a null one): the keys set are then the
         # settings given, which is what a caller asking "which settings did the command line fix" needs.
-        if not isinstance(node.get(last), dict):
+        created = not isinstance(node.get(last), dict)
+        if created:
             node[last] = {}
-        return [set_ for key, item in value.items() for set_ in _set_dotted(tree, [*keys, key], item, task_name=task_name)]
+        given = [set_ for key, item in value.items() for set_ in _set_dotted(tree, [*keys, key], item, task_name=task_name)]
+        # An empty mapping that creates the section (`distill={}`) sets the section itself: a key it then lacks was
+        # said to be missing from the config file.
+        return given or ([tuple(keys)] if created else [])
     node[last] = value
     return [tuple(keys)]
 

@@ -408,3 +408,11 @@ def test_output_dir_that_names_no_folder_is_refused(tmp_path, value, message):
     "/" ended in a traceback ("PosixPath('/') has an empty name") after training."""
     with pytest.raises(ConfigError, match=rf"bad value for 'output_dir' in the command line: {message}"):
         load_config(write(tmp_path, BASE), [f"output_dir={value}"], options_for)
+
+
+def test_a_section_the_command_line_creates_empty_is_named_as_the_command_lines(tmp_path):
+    """`distill={}` said the teacher was "missing ... in run.yaml", a file that never mentioned distillation."""
+    with pytest.raises(ConfigError, match=r"missing required key 'distill.teacher' in the command line"):
+        load_config(write(tmp_path, BASE), ["distill={}"], options_for)
+    with pytest.raises(ConfigError, match=rf"missing required key 'distill.teacher' in {re.escape(str(tmp_path / 'run.yaml'))}"):
+        load_config(write(tmp_path, BASE + "distill: {}\n"), ["distill={}"], options_for)
