@@ -193,21 +193,23 @@ def check_held_out_split_unchanged(config: RunConfig, run_dir: str) -> None:
     data = config.data
     if not data.validation_fraction or (data.files and (data.eval_split in data.files or data.train_split not in data.files)):
         return
-    recorded_file = Path(run_dir) / SOURCES_FILE
-    if not recorded_file.is_file():
-        return  # a run from before the run folder kept its sources' digests, or an export: nothing to compare
-    with failures_named(OutputDirError, f"run directory {run_dir}: cannot read {recorded_file}"):
-        recorded = json.loads(recorded_file.read_text(encoding="utf-8"))
-    key = f"data.files.{data.train_split}" if data.files else "data.path"
-    source = data.files[data.train_split] if data.files else data.path
-    if not data.files and key not in recorded:
-        return  # a Hub id (read through the mirror or the cache): no folder of the user's was digested
     saved = load_saved_config(run_dir)
+    # Compared whatever digests the run kept: an export, a Hub dataset or a run from before sources.json skipped
+    # this too, and an evaluation with another seed scored other rows, some of them trained on.
     changed = [(name, now, then) for name, now, then in (
         ("seed", config.seed, saved.get("seed")),
         ("data.validation_fraction", data.validation_fraction, saved.get("data", {}).get("validation_fraction")),
     ) if now != then]
-    data_changed = source_digests({"data": {"files": {data.train_split: source}} if data.files else {"path": source}}).get(key) != recorded.get(key)
+    key = f"data.files.{data.train_split}" if data.files else "data.path"
+    source = data.files[data.train_split] if data.files else data.path
+    recorded_file = Path(run_dir) / SOURCES_FILE
+    data_changed = False
+    if recorded_file.is_file():  # else a run from before the run folder kept its sources' digests: nothing to compare
+        with failures_named(OutputDirError, f"run directory {run_dir}: cannot read {recorded_file}"):
+            recorded = json.loads(recorded_file.read_text(encoding="utf-8"))
+        # A Hub id (read through the mirror or the cache) has no digest: no folder of the user's was digested.
+        if data.files or key in recorded:
+            data_changed = source_digests({"data": {"files": {data.train_split: source}} if data.files else {"path": source}}).get(key) != recorded.get(key)
     if not changed and not data_changed:
         return
     if not data.files and data.eval_split in load_raw(data):  # read as the task reads it, only now that it matters

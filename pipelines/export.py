@@ -56,6 +56,7 @@ import torch
 from pipelines.adapters import MERGED_DIR, is_adapter_dir, is_peft_model
 from pipelines.atomic_writes import replacing_folder, write_json
 from pipelines.batching import SortedBatchSampler, feature_lengths
+from pipelines.checkpoint import SOURCES_FILE
 from pipelines.config import RunConfig
 from pipelines.errors import describe
 from pipelines.onnx_model import EXPORT_FILE, ONNX_FILE, import_onnxruntime, inference_session, is_export_dir
@@ -436,6 +437,10 @@ def export_run(
             tokenizer.save_pretrained(staged)
             model.config.save_pretrained(staged)
             save_config(config, staged)
+            if (run_dir / SOURCES_FILE).is_file():
+                # The digests of the data the run read: evaluate checks a split held out of the train file against
+                # them, and without them scored an export on rows the model had trained on.
+                shutil.copy2(run_dir / SOURCES_FILE, staged / SOURCES_FILE)
             write_json(staged / EXPORT_FILE, summary)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -215,17 +215,24 @@ def test_cli_evaluate_of_a_held_out_split_refuses_a_train_file_changed_since_tra
     evaluated = json.loads((run / "eval_validation.json").read_text())
     assert evaluated["eval_samples"] == 24
     assert evaluated["eval_accuracy"] == pytest.approx(json.loads((run / "metrics.json").read_text())["eval_accuracy"])
+    # Its ONNX export too: it kept no digests of the data, and scored other rows, some trained on, with exit status 0.
+    run_cli("export", str(run), "--out", str(tmp_path / "onnx"))
 
     lines = train.read_text().splitlines(keepends=True)
     train.write_text("".join(reversed(lines)))  # the same rows, in another order
-    refused = run_cli("evaluate", str(run), check=False)
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
-    assert (f"split 'validation' (held out of data.files.train by data.validation_fraction): data.files.train: {train} is not "
-            "the file the run was trained on") in refused.stderr
+    for folder in (run, tmp_path / "onnx"):
+        refused = run_cli("evaluate", str(folder), check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert (f"split 'validation' (held out of data.files.train by data.validation_fraction): data.files.train: {train} is not "
+                "the file the run was trained on") in refused.stderr
     assert json.loads((run / "eval_validation.json").read_text()) == evaluated
+    assert not (tmp_path / "onnx" / "eval_validation.json").exists()
     train.write_text("".join(lines))
-    refused = run_cli("evaluate", str(run), "seed=8", check=False)
-    assert refused.returncode == 2 and "seed=8, but the run held its rows out with seed=7" in refused.stderr, refused.stderr[-3000:]
+    for folder in (run, tmp_path / "onnx"):
+        refused = run_cli("evaluate", str(folder), "seed=8", check=False)
+        assert refused.returncode == 2 and "seed=8, but the run held its rows out with seed=7" in refused.stderr, refused.stderr[-3000:]
+    run_cli("evaluate", str(tmp_path / "onnx"))  # the file as trained on: the export scores the run's own rows
+    assert json.loads((tmp_path / "onnx" / "eval_validation.json").read_text())["eval_accuracy"] == pytest.approx(evaluated["eval_accuracy"])
     run_cli("evaluate", str(run), "data.files.validation=" + str(sentiment_files["validation"]))  # a file of its own: any train file
     assert json.loads((run / "eval_validation.json").read_text())["eval_samples"] == 37
 
