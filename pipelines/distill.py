@@ -15,9 +15,12 @@ Out: :class:`DistillationModel`, which the loop trains like any model: in traini
 
 Which outputs are distilled is read from the output names, so the loop and this module stay task-agnostic:
 ``logits`` of shape (batch, labels) per example (regression: MSE; multi-label: per-label sigmoid
-targets), ``logits`` of shape (batch, sequence, labels) per labelled token (NER: the first piece of
-each word, where the labels are not -100), ``start_logits``/``end_logits`` over the real positions of
-each window (QA).
+targets, a head of one label too), ``logits`` of shape (batch, sequence, labels) per labelled token (NER:
+the pieces whose labels are not -100: every piece of each word with ``ner.label_all_tokens``, else its first
+piece; a student labelling every piece needs a teacher trained so), ``start_logits``/``end_logits`` over the
+real positions of each window (QA). Teacher and student must score the same labels (in any order) under the
+same problem type; an encoder-decoder teacher, and hidden-state transfer between models whose hidden states are
+not one vector per input token (Funnel), are refused before anything is written.
 
 Student: ``distill.init: teacher`` keeps the teacher's embeddings, head and an evenly spaced subset of its
 layers (every other one by default: DistilBERT's recipe; ALBERT, whose layers share their weights, runs its
@@ -117,15 +120,16 @@ def shrink_to_layers(model: torch.nn.Module, keep: Sequence[int]) -> torch.nn.Mo
     """
     teacher_layers = model.config.num_hidden_layers
     config = copy.deepcopy(model.config)
-    config.num_hidden_layers = len(keep)
-    for key in _PER_LAYER_CONFIG_KEYS:
-        per_layer = getattr(config, key, None)
-        if isinstance(per_layer, (list, tuple)) and len(per_layer) == teacher_layers:
-            # Each kept layer keeps its own setting (ModernBERT's attention kind, Longformer's window). Left as
-            # it was, the list gave the student's layer j the teacher's layer j's, not the copied layer's (or,
-            # longer than the student, was refused by the model).
-            setattr(config, key, [per_layer[index] for index in keep])
     try:
+        # Inside: a family may refuse the setting itself (Funnel: "set block_sizes"), a traceback before.
+        config.num_hidden_layers = len(keep)
+        for key in _PER_LAYER_CONFIG_KEYS:
+            per_layer = getattr(config, key, None)
+            if isinstance(per_layer, (list, tuple)) and len(per_layer) == teacher_layers:
+                # Each kept layer keeps its own setting (ModernBERT's attention kind, Longformer's window). Left as
+                # it was, the list gave the student's layer j the teacher's layer j's, not the copied layer's (or,
+                # longer than the student, was refused by the model).
+                setattr(config, key, [per_layer[index] for index in keep])
         student = type(model)(config)
     except Exception as error:  # the family's own checks on its config (an assertion, a ValueError)
         raise DistillError(
@@ -208,14 +212,18 @@ def distillation_loss(student_outputs, teacher_outputs, batch: dict[str, torch.T
         if student is None or teacher is None:
             continue
         if name == "logits" and student.ndim == 2:
-            if student.shape[-1] == 1 or getattr(config, "problem_type", None) == "regression":
+            problem_type = getattr(config, "problem_type", None)
+            # One output is a value (regression, or a one-label head of no problem type), except a multi-label
+            # head of one label: that is a sigmoid probability, as the module docstring says (it got MSE on raw
+            # logits, and the temperature did nothing).
+            if problem_type == "regression" or (student.shape[-1] == 1 and problem_type != "multi_label_classification"):
                 losses.append(F.mse_loss(student.float(), teacher.float()))
-            elif getattr(config, "problem_type", None) == "multi_label_classification":
+            elif problem_type == "multi_label_classification":
                 targets = torch.sigmoid(teacher.float() / temperature)
                 losses.append(F.binary_cross_entropy_with_logits(student.float() / temperature, targets) * temperature**2)
             else:
                 losses.append(soft_target_kl(student, teacher, temperature))
-        elif name == "logits":  # per token: the labelled pieces (first piece of each word), else every real token
+        elif name == "logits":  # per token: the labelled pieces, else every real token
             labels = batch.get("labels")
             rows = labels != -100 if labels is not None and labels.shape == student.shape[:2] else None
             if rows is None and attention is not None:
@@ -229,6 +237,31 @@ def distillation_loss(student_outputs, teacher_outputs, batch: dict[str, torch.T
     if not losses:
         raise DistillError(f"the model returns none of logits/start_logits/end_logits ({sorted(student_outputs.keys())}); nothing to distil")
     return torch.stack(losses).sum() / len(losses) if len(losses) > 1 else losses[0]
+
+
+@torch.no_grad()
+def _check_hidden_states_align(student, teacher, tokenizer, layer_map, teacher_dir) -> None:
+    """distill.hidden_weight compares hidden states position by position: refused, before anything is written, for
+    models whose hidden states are not one vector per input token (Funnel pools them), where it failed mid-run."""
+    probe = tokenizer("a probe of the hidden states , one vector per token", return_tensors="pt")
+    length = probe["input_ids"].shape[1]
+    states = []
+    for model in (student, teacher):
+        was_training = model.training
+        model.eval()
+        try:
+            states.append(model(**probe.to(next(model.parameters()).device), output_hidden_states=True).hidden_states)
+        finally:
+            model.train(was_training)
+    student_hidden, teacher_hidden = states
+    for student_index, teacher_index in layer_map:
+        shapes = (tuple(student_hidden[student_index].shape[1:]), tuple(teacher_hidden[teacher_index].shape[1:]))
+        if shapes[0] != shapes[1] or shapes[0][0] != length:
+            raise DistillError(
+                f"distill.hidden_weight compares hidden states token by token, but for {length} input tokens the student's "
+                f"layer {student_index} gives {shapes[0]} and the teacher's ({teacher_dir}) layer {teacher_index} {shapes[1]} "
+                "(positions, width): set distill.hidden_weight=0"
+            )
 
 
 def hidden_state_loss(student_hidden, teacher_hidden, layer_map, attention: torch.Tensor | None) -> torch.Tensor:
@@ -379,8 +412,14 @@ def load_teacher(config: RunConfig, task: Task) -> tuple[torch.nn.Module, Any]:
     except ConfigError as error:
         raise DistillError(f"distill.teacher {teacher_dir}: its config.yaml does not load: {error}") from None
     teacher_task = task_class(teacher_config)
+    task.check_distillation_teacher(teacher_config.task_options, str(teacher_dir))
     tokenizer = teacher_task.build_tokenizer(None, model_path=str(teacher_dir))
     teacher = teacher_task.build_model(None, model_path=str(teacher_dir))
+    if getattr(teacher.config, "is_encoder_decoder", False):
+        # Its depth, layers and outputs are an encoder's and a decoder's: the teacher's depth was read as one
+        # encoder's, an AttributeError traceback.
+        raise DistillError(f"distill.teacher {teacher_dir} is an encoder-decoder ({teacher.config.model_type}): distillation "
+                           "takes encoder models (classification, ner, qa, mlm)")
     if is_peft_model(teacher):
         teacher = merge_adapter(teacher)  # peft's own unload fails for IA3 heads of several layers
     # It runs under the student's autocast, outside the modules the training loop mends (not a submodule).
@@ -414,6 +453,14 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
                 f"be the same labels: set {config.task}.label_names to the teacher's"
             )
         teacher.config.id2label, teacher.config.label2id = dict(student_labels), {name: index for index, name in student_labels.items()}
+    teacher_problem, student_problem = (getattr(model.config, "problem_type", None) for model in (teacher, student))
+    if labelled and teacher_problem != student_problem:
+        # A multi-label teacher's sigmoid outputs read as one softmax (neither label and both gave one target), or
+        # softmax logits read through sigmoids, with exit status 0.
+        raise DistillError(
+            f"the teacher {distill.teacher} is a {teacher_problem} model, the student {student_problem}: its outputs mean "
+            f"something else; set {config.task}.problem_type to the teacher's"
+        )
     default_temperature = type(distill).model_fields["temperature"].default
     if getattr(student.config, "problem_type", None) == "regression" and distill.temperature != default_temperature:
         # A regression head's targets are the teacher's values, matched by MSE: the temperature was accepted, written to
@@ -435,6 +482,7 @@ def build_distillation_model(student: torch.nn.Module, config: RunConfig, task: 
                 f"{teacher.config.hidden_size}); set it to 0"
             )
         layer_map = hidden_layer_map(student.config.num_hidden_layers, teacher_depth)
+        _check_hidden_states_align(student, teacher, teacher_tokenizer, layer_map, distill.teacher)
     return DistillationModel(
         student, teacher, alpha=distill.alpha, temperature=distill.temperature, hidden_weight=distill.hidden_weight, layer_map=layer_map,
         segment_separator=separator,

@@ -109,6 +109,10 @@ class Task(Protocol):
 
     def save_artifacts(self, predictions: Any, examples: Dataset, run_dir: str) -> None: ...
 
+    def check_distillation_teacher(self, teacher_options: TaskOptions, teacher_dir: str) -> None:
+        """Raise a ``DataError`` when the teacher run's task options (``teacher_options``) make its outputs mean
+        something else than this run's training reads them as (NER: a teacher trained on first pieces only)."""
+
 
 
 class TaskBase:
@@ -130,6 +134,9 @@ class TaskBase:
 
     def metrics_absent_from(self, examples: Dataset) -> dict[str, str]:
         return {}  # every metric the task names is reported on any eval split
+
+    def check_distillation_teacher(self, teacher_options: TaskOptions, teacher_dir: str) -> None:
+        return None
 
     def pipeline_inputs(self, examples: Dataset) -> list[Any] | None:
         return None  # no pipeline() whose outputs are one label and score per input

@@ -417,6 +417,15 @@ print(tagger("Angela Merkel visited Paris in May."))"""
         return {f"{entity_type}_{name}": f"the eval split holds no {entity_type} entity"
                 for entity_type in types for name in ("precision", "recall", "f1")}
 
+    def check_distillation_teacher(self, teacher_options: TaskOptions, teacher_dir: str) -> None:
+        if self.options.label_all_tokens and not teacher_options.label_all_tokens:
+            # Soft targets are read at the labelled pieces: with every piece labelled here, two thirds of them came
+            # from continuation pieces the teacher never trained on.
+            raise DataError(
+                f"ner.label_all_tokens=true, but the teacher {teacher_dir} trained on each word's first piece only "
+                "(label_all_tokens=false): its outputs at the other pieces are untrained; set ner.label_all_tokens=false"
+            )
+
     def input_columns(self) -> tuple[str, ...]:
         return ("text", self.tokens_column)
 

@@ -210,6 +210,26 @@ def test_families_edge_distill_student_the_family_refuses_is_a_distill_error(fam
         shrink_to_layers(teacher, [1])
 
 
+def test_families_edge_distill_funnel_student_of_teacher_layers_and_its_pooled_hidden_states_are_refused(family_checkpoint):
+    """Funnel refuses num_hidden_layers itself ("set block_sizes"), which came as a traceback before the family's own
+    checks were caught; and its hidden states are pooled (half the positions from the second block on), so
+    distill.hidden_weight failed at step 1 with a size mismatch, after the run folder was written."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from pipelines.distill import DistillError, _check_hidden_states_align, hidden_layer_map, shrink_to_layers
+
+    checkpoint = family_checkpoint("funnel")
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint, num_labels=2))
+    with pytest.raises(DistillError, match=r"student of teacher layers \[0\] cannot be built: NotImplementedError"):
+        shrink_to_layers(model, [0])
+    depth = model.config.num_hidden_layers
+    with pytest.raises(DistillError, match=r"distill.hidden_weight compares hidden states token by token, but for \d+ input tokens"):
+        _check_hidden_states_align(model, model, AutoTokenizer.from_pretrained(checkpoint), hidden_layer_map(depth, depth), "teacher")
+    bert = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(family_checkpoint("bert"), num_labels=2))
+    depth = bert.config.num_hidden_layers
+    _check_hidden_states_align(bert, bert, AutoTokenizer.from_pretrained(family_checkpoint("bert")), hidden_layer_map(depth, depth), "teacher")
+
+
 @pytest.mark.parametrize("family", ["longformer", "xlnet"])
 def test_families_edge_export_of_a_model_torch_cannot_trace_exits_2_naming_it(family, family_checkpoint, tmp_path, capsys, monkeypatch):
     """Longformer pads to its attention window with shapes that depend on the data, which torch.export refuses:

@@ -278,6 +278,59 @@ def test_distill_temperature_for_a_regression_teacher_is_refused(tmp_path, tiny_
     assert distillation().student.config.problem_type == "regression"
 
 
+def _distillation(teacher, path, tmp_path, *overrides):
+    from pipelines.distill import build_distillation_model
+
+    config = distill_config(str(teacher), str(path), [*PINNED, f"output_dir={tmp_path / 'student'}", *overrides], options_for)
+    task = get_task(config.task)(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    return build_distillation_model(task.build_model(raw), config, task)
+
+
+def test_distill_teacher_of_another_problem_type_is_refused(classification_teacher, tmp_path):
+    """A single-label teacher's softmax logits were read through sigmoids for a multi-label student (and a multi-label
+    teacher's sigmoids as one softmax), with exit status 0: only the label names were compared."""
+    from tests.conftest import write_jsonl
+
+    root, path, teacher = classification_teacher
+    rows = [{"sentence": row["sentence"], "label": [row["label"]]} for row in sentiment_rows(32, seed=4)]
+    files = {split: write_jsonl(tmp_path / f"{split}.jsonl", rows) for split in ("train", "validation")}
+    with pytest.raises(DistillError, match=r"is a single_label_classification model, the student multi_label_classification"):
+        _distillation(teacher, path, tmp_path, f"data.files={{train: {files['train']}, validation: {files['validation']}}}")
+
+
+def test_distill_one_label_multi_label_head_learns_sigmoid_targets_at_the_temperature():
+    """A multi-label head of one label took the regression branch: MSE on raw logits, the temperature ignored."""
+    from types import SimpleNamespace
+
+    from pipelines.distill import distillation_loss
+
+    student, teacher = torch.tensor([[0.3], [-1.2]]), torch.tensor([[2.0], [-0.5]])
+    config = SimpleNamespace(problem_type="multi_label_classification")
+    for temperature in (1.0, 4.0):
+        targets = torch.sigmoid(teacher / temperature)
+        expected = torch.nn.functional.binary_cross_entropy_with_logits(student / temperature, targets) * temperature**2
+        loss = distillation_loss(SimpleNamespace(logits=student), SimpleNamespace(logits=teacher), {}, config, temperature)
+        assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+    regression = distillation_loss(SimpleNamespace(logits=student), SimpleNamespace(logits=teacher), {}, SimpleNamespace(problem_type="regression"), 4.0)
+    assert float(regression) == pytest.approx(float(((student - teacher) ** 2).mean()), rel=1e-6)
+
+
+def test_distill_ner_student_labelling_every_piece_from_a_first_piece_teacher_is_refused(tmp_path):
+    """Soft targets are read at the labelled pieces: a teacher trained on first pieces only gave two thirds of them
+    from continuation pieces it never trained on, with exit status 0."""
+    from pipelines.errors import DataError
+
+    (tmp_path / "ner").mkdir()
+    path = toy_ner_config(tmp_path / "ner", toy_ner_model(tmp_path / "ner"))
+    teacher = train_config(load_config(path, [*PINNED, "train.max_steps=2", "ner.label_all_tokens=false",
+                                              f"output_dir={tmp_path / 'teacher'}"], options_for))
+    with pytest.raises(DataError, match=r"ner.label_all_tokens=true, but the teacher .* trained on each word's first piece only"):
+        _distillation(teacher, path, tmp_path)
+    assert _distillation(teacher, path, tmp_path, "ner.label_all_tokens=false").teacher is not None
+
+
 def test_distill_num_layers_and_layers_must_agree(classification_teacher, tmp_path):
     # The layers won: a 2-layer student asked for came out with 1, and config.yaml kept num_layers: 2.
     root, path, teacher = classification_teacher
@@ -539,3 +592,19 @@ def test_distill_alpha_zero_without_hidden_states_trains_on_the_task_loss_withou
         assert torch.equal(loss, student(**batch).loss)
     with pytest.raises(DistillError, match="no task loss"):
         model(**{key: value for key, value in batch.items() if key != "labels"})
+
+
+def test_distill_encoder_decoder_teacher_is_refused_naming_it(tmp_path, tiny_bert):
+    """A translation teacher (bert2bert) got past the task check and ended in an AttributeError traceback: the
+    teacher's depth was read as one encoder's."""
+    from tests.conftest import write_jsonl
+    from tests.tasks.translation_data import copy_rows
+    from tests.test_cli_translation import translation_config
+
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", copy_rows(16, seed=1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", copy_rows(4, seed=2))}
+    path = translation_config(tmp_path, tiny_bert, files)
+    teacher = train_config(load_config(path, [*PINNED, "train.max_steps=1", f"output_dir={tmp_path / 'teacher'}"], options_for))
+    for init in ("teacher", "model"):
+        with pytest.raises(DistillError, match=r"is an encoder-decoder \(encoder-decoder\): distillation takes encoder models"):
+            _distillation(teacher, path, tmp_path, f"distill.init={init}")
