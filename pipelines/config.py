@@ -328,11 +328,14 @@ class TrainConfig(Section):
         return self.eval_batch_size or self.batch_size * 2
 
     def metric_greater_is_better(self, metric: str | None, higher_is_better: dict[str, bool]) -> bool:
-        """``greater_is_better`` when set, else the task's direction for ``metric`` (``eval_`` prefix or
-        not; a task's ``higher_is_better`` names only the exceptions, so the default is higher)."""
-        if self.greater_is_better is not None:
+        """``greater_is_better`` for ``metric_for_best_model``, when set; else the task's direction for ``metric``
+        (``eval_`` prefix or not; a task's ``higher_is_better`` names only the exceptions, so the default is
+        higher). ``greater_is_better`` says how ``metric_for_best_model`` ranks: applied to another metric (the
+        benchmark's ``--metric pearson`` beside ``eval_mse``), a run below its target was reported as reaching it."""
+        name = (metric or "").removeprefix("eval_")
+        if self.greater_is_better is not None and name == (self.metric_for_best_model or "").removeprefix("eval_"):
             return self.greater_is_better
-        return higher_is_better.get((metric or "").removeprefix("eval_"), True)
+        return higher_is_better.get(name, True)
 
     @model_validator(mode="after")
     def _best_model_needs_metric(self) -> "TrainConfig":

@@ -26,10 +26,11 @@ from pathlib import Path
 # (phase, substrings of a frame "function (file:line)"); earlier phases win.
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     # bertpipe benchmark's own work in its parent process (matmul peak probe, filling the datasets cache)
-    ("harness", ("measure_matmul_peak (", "_prepare (pipelines/benchmark/runner.py")),
+    ("harness", ("measure_matmul_peak (", "prepare_job (pipelines/benchmark/")),
     ("eval", ("pipelines/evaluation.py", "evaluation_loop (", "prediction_step (", "predict (transformers/trainer.py",
               "predict (trainer.py")),
-    ("optimizer", ("torch/optim/", "clip_grad_norm", "zero_grad (", "lr_scheduler.py")),
+    # bertpipe clips through its own row-wise clip_gradients (pipelines/optim.py), the Trainer through Accelerate's
+    ("optimizer", ("torch/optim/", "clip_grad_norm", "clip_gradients (", "_clip_grads_with_norm_ (", "zero_grad (", "lr_scheduler.py")),
     ("backward", ("backward (",)),
     ("data", ("dataloader.py", "data_loader.py", "collate", "data_collator.py", "__next__ (", "batching.py")),
     ("forward", ("forward (", "_call_impl (", "compute_loss (")),

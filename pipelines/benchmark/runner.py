@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+
 from pipelines.benchmark.job import (
     SETTINGS,
     BenchmarkError,
@@ -195,6 +197,8 @@ def run_benchmark(
         metric = metric or default_metric(config, metric_names)
         check_metric(metric, metric_names)
         log("measuring the matmul peak")
+        if config.train.torch_num_threads:  # the peak of the threads the runs train on
+            torch.set_num_threads(config.train.torch_num_threads)
         peak = measure_matmul_peak()
         seed_values = [config.seed + index for index in range(seeds)]
         runs = []

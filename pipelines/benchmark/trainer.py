@@ -101,6 +101,9 @@ def _run_trainer(config: RunConfig, task, setting: str) -> dict[str, Any]:
     # Seeded before the model is built, as the docs' run_glue.py does and as bertpipe's train() does:
     # otherwise the new head's initialisation is unseeded and a run cannot be repeated.
     set_seed(config.seed)
+    if config.train.torch_num_threads:
+        # As bertpipe's build_accelerator sets them: the Trainer ran on every core against bertpipe's N threads.
+        torch.set_num_threads(config.train.torch_num_threads)
     data = prepare_data(task, config)  # bertpipe's own raw splits, tokenizer and features: the same job
     tokenizer, train_features, eval_features = data.tokenizer, data.train_features, data.eval_features
     model = task.build_model(data.raw)

@@ -401,3 +401,25 @@ def test_benchmark_trainer_reference_is_scored_in_fp32_after_training_in_bf16(tm
     scored = {dtype for training, dtype in calls if not training}
     assert trained == {torch.bfloat16}, "the setting under test trains in bf16"
     assert scored == {torch.float32} and record["metrics"]
+
+
+def test_benchmark_trainer_reference_trains_on_the_threads_the_config_gives(tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    """train.torch_num_threads is the job's: bertpipe's loop took it, the Trainer kept torch's default (every core),
+    and samples/s, the ratios and % of peak compared N threads with all of them."""
+    from pipelines.benchmark import trainer as trainer_module
+    from pipelines.cli import load_run_config
+    from tasks import get_task
+    from tests.conftest import classification_config
+
+    threads = []
+    original_counter = trainer_module.TrainingCounter
+    monkeypatch.setattr(trainer_module, "TrainingCounter", lambda model: threads.append(torch.get_num_threads()) or original_counter(model))
+    config = load_run_config(get_task, str(classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=1, eval_steps=None,
+                                                                 mixed_precision="no")), ["train.torch_num_threads=1"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        trainer_module._run_trainer(config, get_task(config.task)(config), "trainer_default")
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [1]

@@ -189,7 +189,13 @@ def test_config_metric_direction_is_the_setting_else_the_tasks_else_higher():
     assert TrainConfig().metric_greater_is_better("loss", task_directions) is False
     assert TrainConfig().metric_greater_is_better("eval_accuracy", task_directions) is True
     assert TrainConfig().metric_greater_is_better(None, task_directions) is True
-    assert TrainConfig(greater_is_better=True).metric_greater_is_better("eval_loss", task_directions) is True
+    ranked = TrainConfig(metric_for_best_model="eval_loss", greater_is_better=True)
+    assert ranked.metric_greater_is_better("eval_loss", task_directions) is True
+    assert ranked.metric_greater_is_better("loss", task_directions) is True
+    # greater_is_better ranks metric_for_best_model: another metric keeps its own direction (the benchmark's
+    # --metric pearson beside eval_mse minimised Pearson, and a run below its target "reached" it).
+    mse = TrainConfig(metric_for_best_model="eval_mse", greater_is_better=False)
+    assert mse.metric_greater_is_better("pearson", {"mse": False}) is True and mse.metric_greater_is_better("eval_mse", {}) is False
 
 
 def test_config_key_given_twice_on_one_line_or_in_an_override_is_an_error(tmp_path):
