@@ -89,6 +89,7 @@ def _flat_config(config: RunConfig) -> dict[str, Any]:
 def train(
     config: RunConfig, task: Task, *, on_start: Callable[[Path], None] | None = None,
     on_evaluate: Callable[[int, dict[str, float]], bool] | None = None,
+    on_final_metrics: Callable[[dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
     """Train ``config`` with ``task``; returns the final metrics (also written to ``metrics.json``).
 
@@ -97,6 +98,8 @@ def train(
     ``on_evaluate(step, metrics)`` is called after each scheduled evaluation (not the final one);
     returning True stops training there, as early stopping does. It is how a caller watches a run
     without the loop knowing why, e.g. a hyperparameter search pruning a hopeless trial.
+    ``on_final_metrics(metrics)`` is called once the final metrics are known, before the model and the run's
+    files are saved: a benchmark times the run's evaluation there, not its writing.
     """
     # Everything that can refuse the run is checked before anything in output_dir changes: the folder
     # rules, the resume settings, then data, tokenizer, model, sequence length and the checkpoint's
@@ -117,7 +120,7 @@ def train(
     accelerator = build_accelerator(config, mixed_precision=mixed_precision)
     try:
         summary = _run(accelerator, config, task, replace_old_run=replace_old_run, resume_folder=resume_folder,
-                       on_start=on_start, on_evaluate=on_evaluate)
+                       on_start=on_start, on_evaluate=on_evaluate, on_final_metrics=on_final_metrics)
     except RunStopped as stopped:
         # A stop every process agreed on (at the same step): each ends the run as a finished one does,
         # once the traceback's frames no longer hold the prepared model.
@@ -136,6 +139,7 @@ def train(
 def _run(
     accelerator, config: RunConfig, task: Task, *, replace_old_run: bool, resume_folder: Path | None,
     on_start: Callable[[Path], None] | None, on_evaluate: Callable[[int, dict[str, float]], bool] | None,
+    on_final_metrics: Callable[[dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
     """The run itself, from data to saved model: :func:`train` without the checks before it and the end after it."""
     run_dir = Path(config.output_dir)
@@ -358,6 +362,8 @@ def _run(
         predictions, final_metrics = last_evaluation["predictions"], last_evaluation["metrics"]
     else:  # resumed after the last step's evaluation, which is logged already
         predictions, final_metrics = final_evaluation()
+    if on_final_metrics is not None:
+        on_final_metrics(final_metrics)
     summary = _summary(final_metrics, state, accelerator, epoch=round(state.epoch + state.batches_in_epoch / plan.batches_per_epoch, 4),
                        trainable_params=trainable_params, total_params=total_params)
     _finish_run(accelerator, config, task, model, data, predictions, summary, state.log_history, step_log)

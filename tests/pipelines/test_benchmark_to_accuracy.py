@@ -76,3 +76,23 @@ def test_to_accuracy_seeds_stopped_at_different_steps_are_not_reported_as_never_
     table = format_to_accuracy(summary, {"config": "c.yaml", "precision": "fp32", "load_average": {"start": (0, 0, 0), "end": (0, 0, 0)}})
     assert "never reaches" not in table and "the seeds evaluated at different steps" in table
     assert "**5.00x** sooner" in table  # every seed reached it: the per-seed comparison stands
+
+
+def test_to_accuracy_times_the_final_point_when_its_evaluation_ends_not_after_the_run_is_written(tmp_path, tiny_bert, sentiment_files, monkeypatch):
+    """The scheduled evaluations were timed as they ended, the final one after train() returned: saving the model, the
+    card and the plot counted too (45% of a small run's last point), exactly when a target falls at the last step."""
+    import time
+
+    from pipelines import train as train_module
+    from pipelines.benchmark.runner import RunSpec
+    from pipelines.benchmark.to_accuracy import run_bertpipe_curve
+    from tasks import get_task
+
+    path = classification_config(tmp_path, tiny_bert, sentiment_files, max_steps=4, eval_steps=2, mixed_precision="no")
+    config = load_config(path, [], lambda name: get_task(name).Options)
+    finish = train_module._finish_run
+    monkeypatch.setattr(train_module, "_finish_run", lambda *args, **kwargs: (time.sleep(1.5), finish(*args, **kwargs))[1])
+    spec = RunSpec(setting="bertpipe", seed=1, tree=shipped_config_tree(config), output_dir=str(tmp_path / "curve"))
+    curve = run_bertpipe_curve(spec, get_task, "accuracy")["curve"]
+    assert [point["step"] for point in curve] == [2, 4]
+    assert curve[1]["seconds"] - curve[0]["seconds"] < 1.5, curve  # the 1.5 s of writing is not in it
