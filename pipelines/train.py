@@ -109,7 +109,7 @@ def train(
     mixed_precision = resolve_mixed_precision(config.train.mixed_precision)
     replace_old_run, resume_folder = _check_run_settings(config, task, mixed_precision)
     finished = Path(config.output_dir) / outputs.METRICS_FILE
-    if resume_folder is not None and finished.is_file():
+    if config.train.resume_from_checkpoint and finished.is_file():
         # A resume of a finished run ends where it ended, after rewriting its config and log and adding a checkpoint:
         # interrupted, it left a "finished" run whose files had changed. A requeued job resumes whatever it finds, so
         # this is no error: the run's own metrics, nothing written.
@@ -420,7 +420,14 @@ def _check_run_settings(config: RunConfig, task: Task, mixed_precision: str) -> 
     replace_old_run = outputs.check_output_dir(config)
     resume_folder = None
     if config.train.resume_from_checkpoint:
-        resume_folder = find_checkpoint(config.train.resume_from_checkpoint, Path(config.output_dir))
+        try:
+            resume_folder = find_checkpoint(config.train.resume_from_checkpoint, Path(config.output_dir))
+        except CheckpointError:
+            # A finished run that kept no checkpoint (save_steps unset, the default): a requeued job's resume of it
+            # is no error either (train() says the run is finished), where it was refused as "nothing to resume".
+            if config.train.resume_from_checkpoint == "latest" and (Path(config.output_dir) / outputs.METRICS_FILE).is_file():
+                return replace_old_run, None
+            raise
         check_resume_config(resume_folder, config.to_yaml_dict(), mixed_precision=mixed_precision)
     return replace_old_run, resume_folder
 

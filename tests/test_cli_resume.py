@@ -199,6 +199,21 @@ def test_cli_resume_from_the_checkpoint_where_early_stopping_fired_does_not_trai
         assert resumed[key] == pytest.approx(reference[key], rel=1e-6), key
 
 
+def test_cli_resume_of_a_finished_run_that_kept_no_checkpoint_changes_nothing_and_exits_0(tmp_path, tiny_bert, sentiment_files):
+    """save_steps unset (the default) keeps no checkpoint: a requeued job's `resume_from_checkpoint=latest` of the
+    finished run was refused with exit 2 ("holds no complete checkpoint ... nothing to resume"), calling it unfinished."""
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, run_name="plain", max_steps=2, eval_steps=None,
+                                   mixed_precision="no")
+    run_cli("train", str(config))
+    run_dir = tmp_path / "plain"
+    assert not (run_dir / "checkpoints").exists()
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    resumed = run_cli("train", str(config), "train.resume_from_checkpoint=latest", check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "holds a finished run" in resumed.stderr and "nothing to resume" in resumed.stderr
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+
 def test_cli_resume_of_a_finished_run_changes_nothing_and_returns_its_metrics(tmp_path, tiny_bert, sentiment_files, monkeypatch):
     """A resume of a finished run ends where it ended: it rewrote config.yaml and log.jsonl at its start and added a
     checkpoint, so a kill before it finished again left a "finished" run without its last log records. A requeued
