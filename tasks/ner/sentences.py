@@ -62,14 +62,7 @@ def read_conll(
 
     with naming_undecodable({"input": [path]}, encoding), open(path, encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
-            if number == 1:
-                # A byte-order mark (files saved by Windows editors) is not part of the first token: left
-                # in, "\ufeff-DOCSTART-" became a one-word sentence of training and evaluation data.
-                line = line.removeprefix("\ufeff")
-            # ASCII whitespace only: str.split() also cuts at a no-break space inside a token ("10\u00a0000" in
-            # French or German data), which then read as one column too many.
-            stripped = line.strip(_ASCII_SPACE)
-            columns = _COLUMN_SEPARATOR.split(stripped) if stripped else []
+            columns = _line_columns(line, number)
             if not columns:
                 flush()
                 continue
@@ -96,14 +89,25 @@ def read_conll(
     return sentences
 
 
+def _line_columns(line: str, number: int) -> list[str]:
+    """A CoNLL line's columns (none for a blank line)."""
+    if number == 1:
+        # A byte-order mark (files saved by Windows editors) is not part of the first token: left
+        # in, "\ufeff-DOCSTART-" became a one-word sentence of training and evaluation data.
+        line = line.removeprefix("\ufeff")
+    # ASCII whitespace only: str.split() also cuts at a no-break space inside a token ("10\u00a0000" in
+    # French or German data), which then read as one column too many.
+    stripped = line.strip(_ASCII_SPACE)
+    return _COLUMN_SEPARATOR.split(stripped) if stripped else []
+
+
 def holds_tagged_columns(path: str | Path, *, tag_column: int, tags: set[str], encoding: str = "utf-8") -> bool:
     """Whether a text file is CoNLL columns tagged with ``tags``: each line blank, a ``-DOCSTART-`` marker,
     or as many columns (two or more) as the first such line with one of ``tags`` in ``tag_column``."""
     width = None
     with naming_undecodable({"input": [path]}, encoding), open(path, encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
-            stripped = (line.removeprefix("\ufeff") if number == 1 else line).strip(_ASCII_SPACE)
-            columns = _COLUMN_SEPARATOR.split(stripped) if stripped else []
+            columns = _line_columns(line, number)
             if not columns or columns[0] == DOCSTART:
                 continue
             width = width or len(columns)

@@ -130,14 +130,14 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
         return {"window_groups": groups, "context": context, "offset_mapping": features["offset_mapping"], "cls_index": features["cls_index"]}
 
     def _forward(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        start_logits: dict[int, Any] = {}
-        end_logits: dict[int, Any] = {}
+        windows = len(inputs["offset_mapping"])
+        start_logits: list[Any] = [None] * windows
+        end_logits: list[Any] = [None] * windows
         for group in inputs["window_groups"]:
             outputs = self.model(**group["model_inputs"])
             for position, row in enumerate(group["rows"]):
                 start_logits[row], end_logits[row] = outputs.start_logits[position], outputs.end_logits[position]
-        return {**inputs, "window_groups": None, "start_logits": [start_logits[row] for row in sorted(start_logits)],
-                "end_logits": [end_logits[row] for row in sorted(end_logits)]}
+        return {**inputs, "window_groups": None, "start_logits": start_logits, "end_logits": end_logits}
 
     def postprocess(self, outputs: dict[str, Any], **options):
         options = {**self._run_defaults(), **options}
