@@ -156,12 +156,17 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     path: str | None = None
-    """Hub dataset id or local folder; ignored when ``files`` is given."""
+    """Hub dataset id or local folder; ignored when ``files`` is given. A folder of data files (``train.csv``,
+    ``data/validation-0.tsv``: the split names ``datasets`` finds) is read as ``files`` are; a dataset repository
+    whose README.md configures its data, by ``datasets``."""
     name: str | None = None
     """Dataset configuration name (e.g. ``mrpc`` for ``nyu-mll/glue``)."""
     files: dict[str, str | list[str]] | None = None
     """Split name -> local file(s): csv, tsv, json, jsonl, parquet or txt. A tsv file is read with csv
-    quoting only when its quoted fields parse as such (pandas/R output); plain tsv keeps its quotes as text."""
+    quoting only when its quoted fields parse as such (pandas/R output) without joining lines that each hold a
+    whole row; plain tsv keeps its quotes as text. A row with another number of fields than the header (a
+    trailing delimiter) is an error naming its line. A file rewritten in place is read again, even with its old
+    modification time."""
     encoding: str = "utf-8"
     """Text encoding of ``files`` and of ``bertpipe predict`` inputs (e.g. ``latin-1`` for older Gutenberg
     or CoNLL files; for predict alone: ``bertpipe predict RUN --input F --output O data.encoding=latin-1``);

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import datasets
 from datasets import Dataset, DatasetDict
+from datasets.data_files import DataFilesDict, get_data_patterns
+from huggingface_hub import DatasetCard
 
 from pipelines.config import DataConfig
 from pipelines.errors import DataError, describe, failures_named
-from pipelines.files import as_list, check_files_exist, load_local_files
+from pipelines.files import BUILDER_SUFFIXES, as_list, builder_for_files, check_files_exist, load_local_files
 from pipelines.graphemes import is_blank
 from pipelines.hub import resolve_dataset
 
@@ -45,9 +47,46 @@ def load_raw(data: DataConfig, *, text_columns: Iterable[str | None] = ()) -> Da
         check_files_exist(data.files)
         return load_local_files(data.files, data.encoding, label="data.files.", text_columns=text_columns)
     source = resolve_dataset(data.path)
+    files = plain_folder_files(source) if data.name is None else None
+    if files is not None:
+        return load_local_files(files, data.encoding, label=f"data.path={data.path}, split ", text_columns=text_columns)
     where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
     with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
         return datasets.load_dataset(source, data.name)
+
+
+def plain_folder_files(source: str) -> dict[str, list[str]] | None:
+    """The split files of a local folder of data files (``train.csv``, ``data/validation-0.tsv``, found by ``datasets``'
+    own split-name patterns), when they are all of one format :func:`load_local_files` reads; None for a Hub id, a
+    dataset repository whose card configures its data (``configs`` in README.md), and any other folder.
+
+    ``datasets.load_dataset(folder)`` reads csv with pandas' defaults: ``NA`` became a missing cell, ``true`` the
+    label ``True``, and a plain tsv lost the quotes of ``"Hello" he said`` or ran a sentence opening a quote on over
+    the rows after it, none of which the same files read through ``data.files`` do.
+    """
+    folder = Path(source)
+    if not folder.is_dir() or _card_configures_data(folder):
+        return None
+    try:
+        found = DataFilesDict.from_patterns(get_data_patterns(folder.resolve().as_posix()), base_path=folder.resolve().as_posix())
+    except (FileNotFoundError, ValueError):  # no data files, a split named twice: datasets' own load says so
+        return None
+    files = {str(split): [str(path) for path in paths] for split, paths in found.items() if paths}
+    suffixes = {Path(path).suffix.lower() for paths in files.values() for path in paths}
+    if not files or not suffixes <= BUILDER_SUFFIXES:
+        return None
+    try:
+        builder_for_files(files)
+    except DataError:  # more than one format: datasets picks the commonest and reads that
+        return None
+    return files
+
+
+def _card_configures_data(folder: Path) -> bool:
+    if (folder / ".huggingface.yaml").is_file():
+        return True
+    readme = folder / "README.md"
+    return readme.is_file() and "configs" in DatasetCard.load(readme).data.to_dict()
 
 
 def eval_split_files_only(data: DataConfig) -> DataConfig:
@@ -137,7 +176,12 @@ def require_values(split: Dataset, columns: Iterable[str | None], split_name: st
 
 def require_one_type(split: Dataset, columns: Iterable[str | None], split_name: str, source: str) -> None:
     """Each column holds one kind of value: a JSON file whose rows mix, say, strings and lists is read
-    by ``datasets`` as a ``Json`` column of Python objects, which would otherwise pass as text labels."""
+    by ``datasets`` as a ``Json`` column of Python objects, which would otherwise pass as text labels.
+
+    Such a column also decodes each string that reads as JSON: the labels ``1`` and ``"1"`` both came back as
+    the number 1 (one class where the file wrote two kinds), ``"true"`` as a bool. A ``Json`` column always
+    means the rows mixed kinds, so it is refused even when its decoded values look alike.
+    """
     for column in columns:
         if column is None or column not in split.column_names or type(split.features[column]).__name__ != "Json":
             continue
@@ -145,12 +189,16 @@ def require_one_type(split: Dataset, columns: Iterable[str | None], split_name: 
         first = next((index for index, value in enumerate(values) if value is not None), None)
         if first is None:
             continue
+        fix = f"write every row's {column!r} as the same kind (all strings, or all numbers)"
         for index, value in enumerate(values):
             if value is not None and type(value) is not type(values[first]):
                 raise DataError(
-                    f"split {split_name!r} ({source}), row {index + 1}: {column!r} holds a {type(value).__name__} where "
-                    f"row {first + 1} holds a {type(values[first]).__name__}; every row needs the same kind of value"
+                    f"split {split_name!r} ({source}), row {index + 1}: {column!r} is read as a {type(value).__name__} where "
+                    f"row {first + 1} is read as a {type(values[first]).__name__} (a quoted \"1\" or \"true\" reads as "
+                    f"the number or bool it spells when the rows mix kinds); {fix}"
                 )
+        raise DataError(f"split {split_name!r} ({source}): the rows' {column!r} values mix kinds (e.g. the number 1 and "
+                        f"the string \"1\"), which the JSON reader cannot keep apart; {fix}")
 
 
 def require_text(split: Dataset, columns: Iterable[str | None], where: str, *, keys: str = "data.text_column / data.text_pair_column") -> None:

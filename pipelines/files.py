@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import json
 import logging
 import re
@@ -41,6 +42,8 @@ _BUILDER_BY_SUFFIX = {
     ".tokens": ("text", {}),
     ".raw": ("text", {}),
 }
+
+BUILDER_SUFFIXES = frozenset(_BUILDER_BY_SUFFIX)
 
 
 def builder_for_files(files: dict[str, str | list[str]]) -> tuple[str, dict]:
@@ -251,12 +254,26 @@ def load_local_files(files: dict[str, str | list[str]], encoding: str, *, label:
             # column of text holding one number (a json Json column) was cast to text by writing each row as JSON:
             # '"good film"', quotes included, then scored without a word.
             return DatasetDict({
-                split: datasets.load_dataset(builder, data_files={split: paths}, **options)[split] for split, paths in data_files.items()
+                split: datasets.load_dataset(builder, _cache_name(paths), data_files={split: paths}, **options)[split]
+                for split, paths in data_files.items()
             })
     except UserError:
         raise
     except Exception as error:  # whatever the builder raised: find the file (and line) that caused it
         raise _blame_file(error, builder, options, paths_by_label, encoding) from error
+
+
+def _cache_name(paths: list[str]) -> str:
+    """A ``datasets`` config name that changes whenever one of ``paths`` is written to.
+
+    ``datasets`` keys a local file's cached Arrow table by its path and modification time: a file replaced by
+    another with the same name and time (``cp -p``, ``rsync -t``, unpacking an archive) was read as the old rows,
+    without a word. The inode change time cannot be set back by those tools; with the size and inode it names the
+    cache, so an unchanged file is still read from the cache and a rewritten one is read again.
+    """
+    stats = [Path(path).stat() for path in paths]
+    key = "|".join(f"{path}:{stat.st_ino}:{stat.st_size}:{stat.st_ctime_ns}" for path, stat in zip(paths, stats))
+    return "files-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _tsv_quoting(paths_by_label: dict[str, list[str]], encoding: str) -> int:
@@ -266,7 +283,8 @@ def _tsv_quoting(paths_by_label: dict[str, list[str]], encoding: str) -> int:
     with a quote (``"Hello" he said``) is text, and reading it as csv silently drops those quotes or
     runs the field on to a later closing quote. Writers with csv quoting (pandas, R, Python's csv) wrap
     a field holding a quote in quotes and double the inner ones, which a plain read would keep. A file
-    whose quoted fields all parse as csv quoting is read with it; any other is plain.
+    whose quoted fields all parse as csv quoting is read with it, unless that joins lines each of which holds a
+    whole row as written (quotes opened in one sentence and closed in a later one); any other is plain.
     """
     quoted, plain = [], []
     for label, paths in paths_by_label.items():
@@ -300,7 +318,8 @@ def _float_or_missing(cell: str) -> float | None:
 def _csv_columns_holding_words(paths_by_label: dict[str, list[str]], encoding: str, delimiter: str,
                                quoting: int) -> tuple[set[str], set[str]]:
     """The csv/tsv columns in which some cell, in any of the files, is not a number (nor empty), and those in
-    which some cell is ``nan``; a header naming a column twice is a DataError naming the file and column.
+    which some cell is ``nan``; a header naming a column twice, or a row with another number of fields than the
+    header, is a DataError naming the file and column or line.
 
     pandas types a column per 10,000-row chunk (a column of numbers there and a word later was refused) and
     renames a second ``text`` to ``text.1`` without a word (the first one was read as the text, or the labels,
@@ -317,16 +336,27 @@ def _csv_columns_holding_words(paths_by_label: dict[str, list[str]], encoding: s
                     _check_unique_header(header, f"{label}: {path}")
                     open_columns = dict(enumerate(header))
                     for row in rows:
+                        if row and len(row) != len(header):
+                            raise DataError(_ragged_row(f"{label}: {path}", rows.line_num, row, header, delimiter))
                         for index in [index for index in open_columns if index < len(row)]:
                             if row[index] and not _NUMBER.fullmatch(row[index]):
                                 words.add(open_columns.pop(index))
                             elif _NAN.fullmatch(row[index]):
                                 with_nan.add(open_columns[index])
-                        if not open_columns:
-                            break
             except (OSError, UnicodeError, csv.Error):
                 continue  # the read itself names the file (and the byte or row)
     return words, with_nan
+
+
+def _ragged_row(where: str, line: int, row: list[str], header: list[str], delimiter: str) -> str:
+    # pandas reads a file whose every row has one field more than its header (a trailing delimiter, as spreadsheet
+    # and database exports write) by taking the first column as an index: each column then held its right-hand
+    # neighbour's values, and the job trained on them without a word. A row with fewer fields got empty cells.
+    fields = len(row)
+    trailing = " (a delimiter at the end of the line?)" if fields == len(header) + 1 and not row[-1] else ""
+    name = "tab" if delimiter == "\t" else repr(delimiter)
+    return (f"{where}, line {line}: {fields} field(s) where the header has {len(header)} ({header}){trailing}; every row "
+            f"needs one field per column, separated by {name}")
 
 
 def _check_unique_header(header: list[str], where: str) -> None:
@@ -341,24 +371,37 @@ def _check_unique_header(header: list[str], where: str) -> None:
 
 def _tsv_kind(path: Path, encoding: str) -> str | None:
     """``quoted`` (a field opens with a quote and the file parses as csv quoting), ``plain`` (it does
-    not parse so) or None (no field opens with a quote, so both reads agree; or the read will fail)."""
+    not parse so, or a quoted field would run over lines that each hold a whole row as they stand) or None
+    (no field opens with a quote, so both reads agree; or the read will fail)."""
     opens_with_quote = False
+    widths: set[int] = set()  # fields per non-blank line, split at every tab
 
     def lines(handle):
         nonlocal opens_with_quote
         for line in handle:
             opens_with_quote = opens_with_quote or line.startswith('"') or '\t"' in line
+            if line.strip():
+                widths.add(line.rstrip("\r\n").count("\t") + 1)
             yield line
 
+    spans_lines = False
     try:
         with open(path, encoding=encoding, newline="") as handle:
-            for _ in csv.reader(lines(handle), delimiter="\t", strict=True):
-                pass
+            rows = csv.reader(lines(handle), delimiter="\t", strict=True)
+            last_line = 0
+            for _ in rows:
+                spans_lines = spans_lines or rows.line_num - last_line > 1
+                last_line = rows.line_num
     except csv.Error:
         return "plain"
     except (OSError, UnicodeError):
         return None  # the read itself names the file (and the byte)
-    return "quoted" if opens_with_quote else None
+    if not opens_with_quote:
+        return None
+    # A sentence-split dialogue ('"I will not go.' then 'Leave me."' on the next line) parses as csv quoting too,
+    # one field swallowing the rows between its quotes; a quoted field that truly holds a line break leaves its
+    # lines short of the header's fields.
+    return "plain" if spans_lines and len(widths) == 1 else "quoted"
 
 
 def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: dict[str, list[str]], encoding: str) -> DataError:
@@ -384,6 +427,10 @@ def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: d
     if len({tuple(sorted(found)) for found in features.values()}) > 1:
         listed = "; ".join(f"{where}: {list(found)}" for where, found in features.items())
         return DataError(f"the data files have different columns; every file needs the same ones: {listed}")
+    if builder == "csv" and len({tuple(found) for found in features.values()}) > 1:
+        listed = "; ".join(f"{where}: {list(found)}" for where, found in features.items())
+        return DataError(f"the csv files of one split list their columns in different orders, which the csv reader "
+                         f"cannot join; write every file's columns in one order: {listed}")
     for column in next(iter(features.values()), {}):
         kinds = {where: _kind(found[column]) for where, found in features.items()}
         if len(set(kinds.values())) > 1:

@@ -140,9 +140,12 @@ print(tagger("Angela Merkel visited Paris in May."))"""
         else:
             source = resolve_dataset(data.path)
             raw = datasets.load_dataset(source, data.name)
+        loaded_train = raw.get(data.train_split)
         raw = finalize_splits(raw, data, self.config.seed, need_train=include_train)
         if include_train and self.label_names is None:
-            self.label_names = self._infer_label_names(raw[data.train_split])
+            # From the whole training file, as classification's labels: the rows data.max_train_samples kept may
+            # lack a tag the evaluation file holds, which was then refused as not in the tag set of that file.
+            self.label_names = self._infer_label_names(raw[data.train_split] if loaded_train is None else loaded_train)
         if self.label_names is None:
             raise DataError("the tag set is unknown: load a finished run's model first or set ner.label_names")
         return DatasetDict({name: self._normalise(split, name, data.path) for name, split in raw.items()})

@@ -66,7 +66,7 @@ def test_faults_config_unknown_key_and_wrong_type(refused, finished_run, tmp_pat
         ("empty.jsonl", "", ["is empty"]),
         ("header.csv", "sentence,label\n", ["holds a header but no rows"]),
         ("bad.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad" "label": "negative"}\n', ["line 2: not valid JSON"]),
-        ("ragged.csv", "sentence,label\ngood film,positive\nbad,film,negative\n", ["line 3", "Expected 2 fields"]),
+        ("ragged.csv", "sentence,label\ngood film,positive\nbad,film,negative\n", ["line 3", "3 field(s) where the header has 2"]),
         ("empty_label.csv", "sentence,label\ngood film,positive\nbad film,\ndull,negative\n", ["split 'train'", "row 2", "empty 'label' cell"]),
         ("empty_text.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "", "label": "negative"}\n', ["split 'train'", "row 2", "empty 'sentence' cell"]),
         # a zero-width space and a byte-order mark pass str.strip, yet the tokenizer reads nothing there
@@ -75,7 +75,7 @@ def test_faults_config_unknown_key_and_wrong_type(refused, finished_run, tmp_pat
         ("latin1.jsonl", None, ["line 1", "not valid utf-8", "data.encoding"]),
         # JSON numbers are numbers (a csv cell of digits is text: its text column is read as written)
         ("numbers.jsonl", '{"sentence": 1, "label": "positive"}\n{"sentence": 2, "label": "negative"}\n', ["split 'train'", "column 'sentence' holds int64 values, not text"]),
-        ("mixed.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad", "label": ["negative"]}\n', ["row 2", "'label' holds a list where row 1 holds a str"]),
+        ("mixed.jsonl", '{"sentence": "good", "label": "positive"}\n{"sentence": "bad", "label": ["negative"]}\n', ["row 2", "'label' is read as a list where row 1 is read as a str"]),
     ],
 )
 def test_faults_bad_train_file(refused, finished_run, tmp_path, sentiment_files, name, content, needles):
@@ -438,7 +438,7 @@ def test_faults_predict_bad_input(refused, run_copy, tmp_path, name, content, ne
 
 @pytest.mark.parametrize(("row", "needles"), [
     ({"sentence": 5, "label": "positive"}, ["split 'validation'", "column 'sentence' holds Json values, not text"]),
-    ({"sentence": "good", "label": 1}, ["split 'validation'", "row 3: 'label' holds a int where row 1 holds a str"]),
+    ({"sentence": "good", "label": 1}, ["split 'validation'", "row 3: 'label' is read as a int where row 1 is read as a str"]),
 ])
 def test_faults_a_number_in_a_validation_column_of_text_is_refused_not_scored_as_json(refused, finished_run, tmp_path, row, needles):
     """Read with the train file, the validation file took its column types: a column of text holding one number was

@@ -213,6 +213,83 @@ def test_data_csv_header_naming_a_column_twice_is_an_error(tmp_path):
         load_raw(DataConfig(files={"train": str(tmp_path / "train.tsv")}))
 
 
+def test_data_tsv_sentences_opening_a_quote_closed_rows_later_stay_one_row_each(tmp_path):
+    # A sentence-split dialogue parses as csv quoting too: the first sentence's field ran on over the next rows,
+    # their labels inside it, and five rows were read as three.
+    dialogue = tmp_path / "train.tsv"
+    dialogue.write_text('sentence\tlabel\n"I will not go home.\tpos\nYou cannot make me.\tneg\nLeave me alone."\tneg\n'
+                        'The sun came out.\tpos\n')
+    loaded = load_raw(DataConfig(files={"train": str(dialogue)}))["train"]
+    assert loaded["sentence"] == ['"I will not go home.', "You cannot make me.", 'Leave me alone."', "The sun came out."]
+    assert loaded["label"] == ["pos", "neg", "neg", "pos"]
+    # A quoted field that truly holds a line break leaves its lines short of a row: still csv quoting.
+    broken = tmp_path / "broken.tsv"
+    broken.write_text('text\tlabel\n"line one\nline two"\tpos\nplain\tneg\n')
+    assert load_raw(DataConfig(files={"train": str(broken)}))["train"]["text"] == ["line one\nline two", "plain"]
+
+
+@pytest.mark.parametrize("suffix, content, line, hint", [
+    (".csv", "text,label\ngood film,pos,\nbad film,neg,\n", 2, "a delimiter at the end of the line"),
+    (".tsv", "sentence\tlabel\ngood film\t1\t\nbad film\t0\t\n", 2, "a delimiter at the end of the line"),
+    (".csv", "text,label\ngood film,pos\nbad, film,neg\n", 3, None),
+    (".csv", "text,label,source\ngood film,pos,web\nbad film,neg\n", 3, None),
+])
+def test_data_csv_row_with_another_number_of_fields_than_the_header_names_its_line(tmp_path, suffix, content, line, hint):
+    # pandas took the first column of a file whose rows all end in a delimiter as an index: every column then held
+    # its neighbour's values (the texts were the labels), and a short row got empty cells.
+    path = tmp_path / f"train{suffix}"
+    path.write_text(content)
+    with pytest.raises(DataError, match=rf"^data.files.train: {path}, line {line}: \d field\(s\) where the header has") as error:
+        load_raw(DataConfig(files={"train": str(path)}))
+    assert (hint in str(error.value)) if hint else "end of the line" not in str(error.value)
+    with pytest.raises(DataError, match=rf"^input: {path}, line {line}:"):
+        read_inputs(path)
+
+
+def test_data_local_folder_is_read_by_the_same_rules_as_data_files(tmp_path):
+    # datasets.load_dataset(folder) read csv with pandas' defaults and tsv with csv quoting: "NA" became a missing
+    # cell, "true" the label "True", a plain tsv lost its quotes and a sentence opening one swallowed later rows.
+    (tmp_path / "csvdir").mkdir()
+    (tmp_path / "csvdir" / "train.csv").write_text("text,label\n007,true\nNA,false\n")
+    (tmp_path / "csvdir" / "validation.csv").write_text("text,label\nNone,true\n")
+    loaded = load_raw(DataConfig(path=str(tmp_path / "csvdir")), text_columns=["text"])
+    assert loaded["train"]["text"] == ["007", "NA"] and loaded["train"]["label"] == ["true", "false"]
+    assert loaded["validation"]["text"] == ["None"]
+    (tmp_path / "tsvdir" / "data").mkdir(parents=True)
+    (tmp_path / "tsvdir" / "data" / "train-0.tsv").write_text('text\tlabel\n" the film is good\tpos\nboring\tneg\n"Hi" he said\tpos\n')
+    assert load_raw(DataConfig(path=str(tmp_path / "tsvdir")))["train"]["text"] == ['" the film is good', "boring", '"Hi" he said']
+    (tmp_path / "tsvdir" / "data" / "train-0.tsv").write_text("text\tlabel\ngood\tpos\t\n")
+    with pytest.raises(DataError, match=rf"^data.path={tmp_path / 'tsvdir'}, split train: .*train-0.tsv, line 2: 3 field"):
+        load_raw(DataConfig(path=str(tmp_path / "tsvdir")))
+
+
+def test_data_file_rewritten_with_its_old_modification_time_is_read_again(tmp_path):
+    # datasets keys a local file's cache by path and modification time: a file replaced with the same name and
+    # time (cp -p, rsync -t, an unpacked archive) was read as the old rows.
+    import os
+    import shutil
+
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"text": "good film", "label": "pos"}\n')
+    stamp = path.stat()
+    assert load_raw(DataConfig(files={"train": str(path)}))["train"]["label"] == ["pos"]
+    replacement = tmp_path / "new" / "train.jsonl"
+    replacement.parent.mkdir()
+    replacement.write_text('{"text": "good film", "label": "neg"}\n')  # the same size
+    os.utime(replacement, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    shutil.copyfile(replacement, path)  # in place, as cp -p does: the same inode, size and modification time
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert path.stat().st_mtime_ns == stamp.st_mtime_ns and path.stat().st_size == stamp.st_size
+    assert load_raw(DataConfig(files={"train": str(path)}))["train"]["label"] == ["neg"]
+
+
+def test_data_csv_files_of_one_split_with_columns_in_another_order_are_named(tmp_path):
+    (tmp_path / "a.csv").write_text("text,label\ngood,pos\n")
+    (tmp_path / "b.csv").write_text("label,text\nneg,bad\n")
+    with pytest.raises(DataError, match=r"list their columns in different orders.*a.csv\): \['text', 'label'\].*b.csv\): \['label', 'text'\]"):
+        load_raw(DataConfig(files={"train": [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]}))
+
+
 def test_data_map_functions_are_cached_by_their_code_not_only_their_name(tmp_path, monkeypatch):
     # datasets keys a module-level function's cache by module and name: features cached by an older bertpipe
     # (another word split, another truncation) were reused after an upgrade, without a word.

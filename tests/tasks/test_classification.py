@@ -100,6 +100,15 @@ def test_classification_label_column_of_the_other_kind_than_the_problem_type_is_
         evaluation.load(include_train=False)
 
 
+def test_classification_json_labels_mixing_numbers_and_the_strings_they_spell_are_refused(tmp_path, tiny_bert):
+    # datasets reads such a column as Json and decodes each string as JSON: 1 and "1" became one class, "true" a bool.
+    rows = [{"text": "good", "label": 1}, {"text": "bad", "label": "0"}, {"text": "fine", "label": "1"}, {"text": "dull", "label": 0}]
+    with pytest.raises(DataError, match=r"split 'train' .*: the rows' 'label' values mix kinds \(e.g. the number 1 and the string \"1\"\)"):
+        make_task(tmp_path, tiny_bert, rows, rows)
+    with pytest.raises(DataError, match=r"row 2: 'label' is read as a bool where row 1 is read as a int"):
+        make_task(tmp_path, tiny_bert, [{"text": "good", "label": 1}, {"text": "bad", "label": "true"}], rows[:1])
+
+
 def test_classification_regression_from_float_labels(tmp_path, tiny_bert):
     rows = [{"text": "a", "label": 0.5}, {"text": "b", "label": 4.0}, {"text": "c", "label": 2.5}]
     task, raw = make_task(tmp_path, tiny_bert, rows, rows)

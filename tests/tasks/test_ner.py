@@ -374,6 +374,20 @@ def test_ner_load_reads_conll_and_jsonl_and_infers_the_label_set(tmp_path):
     assert raw["train"]["location"] == [f"{train}:3", f"{train}:8"]
 
 
+def test_ner_tag_set_comes_from_the_whole_train_file_not_the_rows_max_train_samples_keeps(tmp_path):
+    # The set was taken after data.max_train_samples cut the rows: a train file whose first sentences hold only
+    # ORG had its evaluation file refused for a B-PER, "not in the label set", though the train file holds it.
+    rows = [{"tokens": ["Acme", "Corp", "rose"], "ner_tags": ["B-ORG", "I-ORG", "O"]}] * 2 + [{"tokens": ["Peter"], "ner_tags": ["B-PER"]}]
+    train = _write(tmp_path / "train.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    validation = _write(tmp_path / "validation.jsonl", json.dumps({"tokens": ["Peter", "left"], "ner_tags": ["B-PER", "O"]}) + "\n")
+    overrides = [f"data.files.train={train}", f"data.files.validation={validation}", "data.max_train_samples=2"]
+    config = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [f"output_dir={tmp_path / 'run'}", *overrides], lambda name: get_task(name).Options)
+    task = NerTask(config)
+    raw = task.load()
+    assert task.label_names == ["O", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    assert len(raw["train"]) == 2 and raw["validation"][0]["tags"] == ["B-PER", "O"]
+
+
 def test_ner_metrics_absent_from_an_eval_split_are_the_types_no_gold_sentence_holds(tmp_path):
     """train.metric_for_best_model=eval_ORG_f1 on an eval split without an ORG: seqeval scored ORG (zeros) at an
     evaluation where the model predicted one, and at the next, where it did not, the run stopped hours in."""
