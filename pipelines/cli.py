@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 # after its arguments are parsed, so help, --version and argument errors answer at once.
 from pipelines.atomic_writes import check_replaceable_folder, replacing_folder
 from pipelines.config import ConfigError, RunConfig
-from pipelines.config_loading import load_config, load_finished_run_config
+from pipelines.config_loading import load_config, load_finished_run_config, refuse_repeated_overrides
 from pipelines.errors import ModelError, OutputDirError, RunStopped, UserError, failures_named
-from pipelines.outputs import load_saved_config
+from pipelines.outputs import load_saved_config, saved_config_path
 from pipelines.preemption import StopNow, stopping_at_once
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def package_version() -> str:
 def load_run_config(get_task: TaskLookup, config_path: str | None, overrides: Sequence[str], *, run_dir: str | None = None) -> RunConfig:
     options_for = lambda name: get_task(name).Options  # noqa: E731
     if run_dir is not None:
-        return load_finished_run_config(load_saved_config(run_dir), list(overrides), options_for)
+        return load_finished_run_config(load_saved_config(run_dir), list(overrides), options_for, source=saved_config_path(run_dir))
     return load_config(config_path, list(overrides), options_for)
 
 
@@ -114,11 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train, evaluate on the eval split, write the run directory")
     train.add_argument("config", help="YAML task config")
-    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.max_steps=100")
+    train.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="dotted overrides, e.g. train.max_steps=100")
 
     evaluate = commands.add_parser("evaluate", help="evaluate a finished run (e.g. data.eval_split=test)")
     evaluate.add_argument("run_dir", help="a finished run directory (an adapter run too: its base model and adapter are loaded) or an ONNX export")
-    evaluate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. data.eval_split=test, data.files.test=FILE")
+    evaluate.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. data.eval_split=test, data.files.test=FILE")
     _add_precision_option(evaluate)
 
     predict = commands.add_parser("predict", help="predict a jsonl/csv/txt file with a finished run")
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", required=True,
         help="JSON lines, one object per input row, in order, followed by the row's other columns (an id, a gold label)",
     )
-    predict.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. data.encoding=latin-1")
+    predict.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. data.encoding=latin-1")
     _add_precision_option(predict)
 
     convert = commands.add_parser("convert-bert", help="transformers BERT checkpoint -> bertpipe's own BERT (or back)")
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         "benchmark", help="time the same job through bertpipe and the transformers Trainer (default and best settings)"
     )
     benchmark.add_argument("config", help="YAML task config (with --predict: a finished run directory)")
-    benchmark.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. data.max_train_samples=8000")
+    benchmark.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="dotted overrides, e.g. data.max_train_samples=8000")
     benchmark.add_argument("--seeds", type=int, default=3, help="runs per setting, seeds config.seed, config.seed+1, ... (default 3; with --predict: repeats)")
     benchmark.add_argument("--settings", help="comma-separated subset of the settings (default: bertpipe,trainer_default,trainer_best)")
     benchmark.add_argument(
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--out", help="with --dry-run: the folder to write")
     sweep = commands.add_parser("sweep", help="hyperparameter search with Optuna: resumable, parallel, one machine or many")
     sweep.add_argument("config", help="YAML task config; its output_dir receives trials/, sweep.md, best.yaml and the plots")
-    sweep.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides fixed for every trial")
+    sweep.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="dotted overrides fixed for every trial")
     sweep.add_argument("--trials", type=int, required=True, help="finished (complete or pruned) trials the study should hold")
     sweep.add_argument("--space", help="search-space YAML: dotted key -> {uniform|log_uniform|int|log_int|choice: ...} (default: the task's)")
     sweep.add_argument("--study", help="study name (default: the name of output_dir)")
@@ -220,7 +220,7 @@ def _add_edge_commands(commands) -> None:
     distill = commands.add_parser("distill", help="distil a finished run (the teacher) into a smaller student run")
     distill.add_argument("teacher_run")
     distill.add_argument("config", help="YAML task config of the student (its distill: section optional)")
-    distill.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. distill.num_layers=3 distill.alpha=0.7")
+    distill.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. distill.num_layers=3 distill.alpha=0.7")
 
 
 def _run_edge_command(args: argparse.Namespace, get_task: TaskLookup) -> bool:
@@ -346,6 +346,7 @@ def _check_benchmark_options(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, get_task: TaskLookup) -> int:
+    refuse_repeated_overrides(getattr(args, "overrides", None) or ())
     # Each command reads its config before importing the module that runs it (torch and friends).
     if _run_edge_command(args, get_task):
         return 0

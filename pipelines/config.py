@@ -17,7 +17,7 @@ import codecs
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -57,6 +57,10 @@ class Section(BaseModel):
         field = cls.model_fields.get(info.field_name)
         if isinstance(value, bool) and field is not None and _numbers_only(field.annotation):
             raise ValueError(f"{str(value).lower()} is a boolean; this setting takes a number")
+        if isinstance(value, list) and field is not None and _list_of_numbers(field.annotation):
+            given = next((item for item in value if isinstance(item, bool)), None)
+            if given is not None:  # distill.layers=[true, false] copied layers 1 and 0
+                raise ValueError(f"{str(given).lower()} is a boolean; this setting takes a list of numbers")
         return value
 
 
@@ -64,6 +68,25 @@ def _numbers_only(annotation: Any) -> bool:
     """Whether a field takes int or float and no bool (``int | None`` yes, ``bool | None`` and ``str`` no)."""
     kinds = set(get_args(annotation)) or {annotation}
     return bool(kinds & {int, float}) and bool not in kinds
+
+
+def distinct_label_names(value: list[str] | None) -> list[str] | None:
+    """A task's ``label_names`` checked: a name given twice made a head with a dead class under a shared name (its
+    scores dropped from predictions, which then summed to less than one), and an empty list read as unset."""
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("the label set is empty: list the labels in id order, or leave the setting out to read them from the data")
+    repeated = sorted({name for name in value if value.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{repeated} listed more than once; each label needs one id")
+    return value
+
+
+def _list_of_numbers(annotation: Any) -> bool:
+    """Whether a field takes a list of ints or floats (``list[int] | None`` yes)."""
+    kinds = set(get_args(annotation)) or {annotation}
+    return any(get_origin(kind) is list and _numbers_only(get_args(kind)[0]) for kind in kinds if get_args(kind))
 
 
 class TaskOptions(Section):
@@ -205,6 +228,10 @@ class DataConfig(Section):
         empty = [split for split, paths in value.items() if not paths]
         if empty:
             raise ValueError(f"split(s) {empty} name no file: give each split a path or a list of paths, or leave the split out")
+        # An empty path is the current directory once made absolute, refused later as "a folder, not a file".
+        blank = [split for split, paths in value.items() if any(not str(path).strip() for path in ([paths] if isinstance(paths, str) else paths))]
+        if blank:
+            raise ValueError(f"split(s) {blank} list an empty path: give each file's path")
         return {split: absolute_if_local(paths) if isinstance(paths, str) else [absolute_if_local(path) for path in paths]
                 for split, paths in value.items()}
 

@@ -188,6 +188,20 @@ _UniqueKeyLoader.add_implicit_resolver(
 )
 
 
+# Floats as YAML 1.2 reads them: YAML 1.1 needs a dot before an exponent (``1e-5`` was the string "1e-5", and
+# ``train.max_steps=1e3`` was refused) and reads colons as base 60 (``1:30.0`` was 90.0). No underscores either.
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _FLOAT_TAG]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    _FLOAT_TAG,
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
+
+
 def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
     text = loader.construct_scalar(node).replace("_", "")
     return int(text, 0) if re.match(r"[-+]?0[xo]", text) else int(text, 10)
@@ -231,9 +245,11 @@ def load_config(
     task_options_for: Callable[[str], type[TaskOptions]] | None = None,
     *,
     base: dict[str, Any] | None = None,
+    base_source: str = "the saved run config",
 ) -> RunConfig:
-    """Read YAML (or start from ``base``), apply overrides, validate against the task's schema."""
-    source = str(path) if path is not None else "the saved run config"
+    """Read YAML (or start from ``base``, read from ``base_source``), apply overrides, validate against the task's
+    schema."""
+    source = str(path) if path is not None else base_source
     tree = read_yaml(path) if path is not None else copy.deepcopy(base or {})  # overrides set nested keys in place
     file_tree = copy.deepcopy(tree)
     where = Origin(source, file_tree, apply_overrides(tree, overrides))
@@ -261,26 +277,36 @@ def load_config(
 
 # What evaluate and predict read of a finished run's train section: how to batch and thread the evaluation.
 _TRAIN_KEYS_READ_AFTER_TRAINING = frozenset({"batch_size", "eval_batch_size", "dataloader_num_workers", "torch_num_threads"})
+# What of the data section only training reads: a finished run's evaluation carves and samples its eval split alone.
+_DATA_KEYS_OF_TRAINING_ONLY = frozenset({"max_train_samples"})
 # Sections and keys that say how and where the run was trained: the finished run's weights hold their effect.
 _FIXED_BY_TRAINING = frozenset({"task", "output_dir", "overwrite", "model", "distill", "hub"})
 
 
 def load_finished_run_config(saved: dict[str, Any], overrides: list[str],
-                             task_options_for: Callable[[str], type[TaskOptions]]) -> RunConfig:
+                             task_options_for: Callable[[str], type[TaskOptions]], *,
+                             source: str = "the saved run config") -> RunConfig:
     """A finished run's saved config with the overrides of ``evaluate`` and ``predict`` (the data to read, the
     evaluation's batches, a task's decoding options); an override of a setting the run's training fixed (the
     model, the training recipe, the labels) is a ConfigError naming it: ignored, it gave the run's own numbers
-    with exit status 0 (``classification.problem_type=regression`` evaluated the classifier as before)."""
-    config = load_config(None, overrides, task_options_for, base=saved)
+    with exit status 0 (``classification.problem_type=regression`` evaluated the classifier as before). ``source``
+    names the file ``saved`` was read from, for messages."""
+    given_task = _overridden_task(saved, overrides)
+    if given_task is not None and given_task != saved.get("task"):
+        # Before validation, which would otherwise refuse the run's own task section as an unknown key.
+        raise ConfigError(f"task={given_task!r} given to a finished run trained with {saved.get('task')!r} ({source}): "
+                          "evaluate and predict use the run as trained; train a new run for another task")
+    config = load_config(None, overrides, task_options_for, base=saved, base_source=source)
     if not overrides:
         return config
     fixed_options = type(config.task_options).fixed_by_training
-    before = flatten_tree(load_config(None, [], task_options_for, base=saved).to_yaml_dict())
+    before = flatten_tree(load_config(None, [], task_options_for, base=saved, base_source=source).to_yaml_dict())
     after = flatten_tree(config.to_yaml_dict())
     for keys in sorted(apply_overrides(copy.deepcopy(saved), overrides)):  # the settings as the command line names them
         section, name, key = keys[0], keys[1] if len(keys) > 1 else "", ".".join(keys)
         if not (section in _FIXED_BY_TRAINING
                 or (section == "train" and name not in _TRAIN_KEYS_READ_AFTER_TRAINING)
+                or (section == "data" and name in _DATA_KEYS_OF_TRAINING_ONLY)
                 or (section == config.task and (name in fixed_options or is_model_option(name)))):
             continue
         old, new = _setting(before, key), _setting(after, key)
@@ -300,6 +326,25 @@ class _Unset:
 
 
 _UNSET = _Unset()
+
+
+def _overridden_task(saved: dict[str, Any], overrides: list[str]) -> Any:
+    """The ``task`` the overrides set (the last one), or None when none sets it."""
+    tree: dict[str, Any] = {"task": saved.get("task")}
+    return tree["task"] if ("task",) in apply_overrides(tree, overrides) else None
+
+
+def refuse_repeated_overrides(overrides: Iterable[str]) -> None:
+    """A ConfigError naming a setting two command-line overrides both set: the last one won silently, as a
+    key given twice in a YAML file would (which is refused too). A section given whole and then one of its keys
+    (``model.peft=null model.peft.r=8``) sets different settings, so is not a repeat."""
+    first_given: dict[tuple[str, ...], str] = {}
+    for override in overrides:
+        for keys in apply_overrides({}, [override]):
+            if keys in first_given:
+                raise ConfigError(f"{'.'.join(keys)} is set twice on the command line ({first_given[keys]!r}, then {override!r}); "
+                                  "give it once")
+            first_given[keys] = override
 
 
 def _setting(flat: dict[str, Any], key: str) -> Any:

@@ -171,7 +171,8 @@ def evaluate_run(config: RunConfig, task: Task, run_dir: str, *, precision: str 
     # positions training checked: the forward pass would fail mid-evaluation with a shape error.
     split = config.data.eval_split
     check_sequence_lengths(model.config, features, where=split_where(config.data, split))
-    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir))
+    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir),
+                                      num_workers=config.train.dataloader_num_workers)
     model, loader = accelerator.prepare(model, loader)
     started = time.perf_counter()
     predictions, metrics = evaluate(
@@ -194,6 +195,15 @@ def check_held_out_split_unchanged(config: RunConfig, run_dir: str) -> None:
     if not data.validation_fraction or (data.files and (data.eval_split in data.files or data.train_split not in data.files)):
         return
     saved = load_saved_config(run_dir)
+    held_out_as = saved.get("data", {}).get("eval_split", data.eval_split)
+    if data.eval_split != held_out_as and (data.files or data.eval_split not in load_raw(data)):
+        # Carved under any name asked for: data.eval_split=test (no test file given) scored the held-out validation
+        # rows and wrote them as eval_test.json, exit 0.
+        raise DataError(
+            f"split {data.eval_split!r} not found in {split_source(data, data.train_split)}; the run held out split "
+            f"{held_out_as!r} of it by data.validation_fraction: evaluate data.eval_split={held_out_as}, or give "
+            f"data.files.{data.eval_split}=FILE"
+        )
     # Compared whatever digests the run kept: an export, a Hub dataset or a run from before sources.json skipped
     # this too, and an evaluation with another seed scored other rows, some of them trained on.
     changed = [(name, now, then) for name, now, then in (
@@ -240,7 +250,8 @@ def predict_file(config: RunConfig, task: Task, run_dir: str, input_path: str, o
     carried = carried_input_columns(input_path, task.input_columns(), config.data.encoding)
     features = task.preprocess(examples, train=False, inputs=True)
     check_sequence_lengths(model.config, features, where=f"--input {input_path}")
-    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir))
+    loader, sampler = eval_dataloader(features, task.collator(train=False), _eval_batch_size(config, task, accelerator, model, features, run_dir),
+                                      num_workers=config.train.dataloader_num_workers)
     model, loader = accelerator.prepare(model, loader)
     outputs = run_predictions(
         accelerator, model, loader, task, order=sampler.order, description="predict", mixed_precision=accelerator.mixed_precision != "no"

@@ -293,6 +293,11 @@ def save_config(config: RunConfig, run_dir: str | Path) -> None:
     write_text_atomically(Path(run_dir) / CONFIG_FILE, yaml.safe_dump(config.to_yaml_dict(), sort_keys=False))
 
 
+def saved_config_path(run_dir: str | Path) -> str:
+    """The file a run's saved config is read from, for messages."""
+    return str(Path(run_dir) / CONFIG_FILE)
+
+
 def load_saved_config(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / CONFIG_FILE
     if not Path(run_dir).is_dir():

@@ -16,10 +16,10 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict, LargeList, Sequence, Value
-from pydantic import Field
+from pydantic import Field, field_validator
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
-from pipelines.config import RunConfig, TaskOptions
+from pipelines.config import RunConfig, TaskOptions, distinct_label_names
 from pipelines.data import (
     KeyedOnCode, finalize_splits, load_raw, require_columns, require_one_type, require_text, require_values, row_list, split_source,
     split_where, tokenize_with_lengths,
@@ -48,6 +48,11 @@ class ClassificationOptions(TaskOptions):
     label_names: list[str] | None = None
     """The label set in id order; by default the ``ClassLabel`` names or the sorted train labels."""
     multi_label_threshold: float = Field(default=0.5, gt=0, lt=1)
+
+    @field_validator("label_names")
+    @classmethod
+    def _distinct_label_names(cls, value: list[str] | None) -> list[str] | None:
+        return distinct_label_names(value)
 
 
 class ClassificationTask(TaskBase):

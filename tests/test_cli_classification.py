@@ -203,6 +203,19 @@ def test_cli_best_model_metric_the_task_does_not_report_is_refused_before_traini
     assert not (tmp_path / "run").exists()
 
 
+EVALUATION_WORKERS_SHOWN = """
+import sys
+import pipelines.evaluation as evaluation
+loader_for = evaluation.eval_dataloader
+def shown(*args, num_workers=0, **kwargs):
+    print(f"evaluation loader workers: {num_workers}", flush=True)
+    return loader_for(*args, num_workers=num_workers, **kwargs)
+evaluation.eval_dataloader = shown
+from tasks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_cli_evaluate_of_a_held_out_split_refuses_a_train_file_changed_since_training(tiny_bert, sentiment_files, tmp_path):
     """data.validation_fraction carves the eval split out of the train file again at `evaluate`: after the file's rows
     were reordered, 18 of 24 rows scored were rows the model had trained on, and nothing said so."""
@@ -215,6 +228,12 @@ def test_cli_evaluate_of_a_held_out_split_refuses_a_train_file_changed_since_tra
     evaluated = json.loads((run / "eval_validation.json").read_text())
     assert evaluated["eval_samples"] == 24
     assert evaluated["eval_accuracy"] == pytest.approx(json.loads((run / "metrics.json").read_text())["eval_accuracy"])
+    # Another split name was carved too: data.eval_split=test (no test file) scored the held-out rows as eval_test.json.
+    refused = run_cli("evaluate", str(run), "data.eval_split=test", check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert (f"split 'test' not found in data.files.train: {train}; the run held out split 'validation' of it by "
+            "data.validation_fraction: evaluate data.eval_split=validation, or give data.files.test=FILE") in refused.stderr
+    assert not (run / "eval_test.json").exists()
     # Its ONNX export too: it kept no digests of the data, and scored other rows, some trained on, with exit status 0.
     run_cli("export", str(run), "--out", str(tmp_path / "onnx"))
 
@@ -235,6 +254,9 @@ def test_cli_evaluate_of_a_held_out_split_refuses_a_train_file_changed_since_tra
     assert json.loads((tmp_path / "onnx" / "eval_validation.json").read_text())["eval_accuracy"] == pytest.approx(evaluated["eval_accuracy"])
     run_cli("evaluate", str(run), "data.files.validation=" + str(sentiment_files["validation"]))  # a file of its own: any train file
     assert json.loads((run / "eval_validation.json").read_text())["eval_samples"] == 37
+    # The evaluation's data loader takes train.dataloader_num_workers, as training's does (it was accepted and ignored).
+    workers = run_cli("evaluate", str(run), "train.dataloader_num_workers=1", script=EVALUATION_WORKERS_SHOWN)
+    assert "evaluation loader workers: 1" in workers.stdout, workers.stdout[-2000:]
 
 
 def test_cli_evaluate_of_a_split_held_out_of_a_data_folder_refuses_a_folder_changed_since_training(tiny_bert, sentiment_files, tmp_path):

@@ -37,9 +37,10 @@ class PredictSpec:
 
 
 def _finished_run(spec: PredictSpec, get_task: TaskLookup):
-    from pipelines.outputs import load_saved_config
+    from pipelines.outputs import load_saved_config, saved_config_path
 
-    config = load_finished_run_config(load_saved_config(spec.run_dir), list(spec.overrides), lambda name: get_task(name).Options)
+    config = load_finished_run_config(load_saved_config(spec.run_dir), list(spec.overrides), lambda name: get_task(name).Options,
+                                      source=saved_config_path(spec.run_dir))
     return config, get_task(config.task)(config)
 
 

@@ -19,11 +19,11 @@ import datasets
 import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
-from pydantic import Field
+from pydantic import Field, field_validator
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipelines.atomic_writes import write_text_atomically
-from pipelines.config import RunConfig, TaskOptions
+from pipelines.config import RunConfig, TaskOptions, distinct_label_names
 from pipelines.data import KeyedOnCode, finalize_splits, require_values
 from pipelines.errors import DataError
 from pipelines.files import builder_for_files, load_split_files, read_inputs
@@ -71,6 +71,11 @@ class NerOptions(TaskOptions):
     """Count an entity only when its tags form a valid chunk of ``scheme`` (seqeval strict mode);
     the default is conlleval's lenient reading, which accepts IOB1, IOB2 and IOBES alike."""
 
+    @field_validator("label_names")
+    @classmethod
+    def _distinct_label_names(cls, value: list[str] | None) -> list[str] | None:
+        return distinct_label_names(value)
+
 
 def piece_predictions(logits: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per piece the most probable tag id and its probability (in fp32 whatever the model's dtype), each
@@ -85,7 +90,6 @@ def piece_predictions(logits: torch.Tensor, attention_mask: torch.Tensor | None)
         return tag_ids, scores
     pieces_first = torch.argsort((attention_mask == 0).to(torch.int8), dim=1, stable=True)
     return tag_ids.gather(1, pieces_first), scores.gather(1, pieces_first)
-
 
 class NerTask(TaskBase):
     name: ClassVar[str] = "ner"

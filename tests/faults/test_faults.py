@@ -42,6 +42,13 @@ def test_faults_config_duplicate_key(refused, finished_run, tmp_path):
     refused("train", config, new_dir(tmp_path), needles=[str(config), "duplicate key 'seed'", "first given on line"])
 
 
+def test_faults_a_setting_given_twice_on_the_command_line(refused, finished_run, run_copy, tmp_path):
+    # The last one won silently; refused as a key given twice in a YAML file is.
+    refused("train", finished_run[0], new_dir(tmp_path), "train.max_steps=3", "train.max_steps=5",
+            needles=["train.max_steps is set twice on the command line ('train.max_steps=3', then 'train.max_steps=5')"])
+    refused("evaluate", run_copy, "data.eval_split=validation", "data={eval_split: train}", needles=["data.eval_split is set twice"])
+
+
 def test_faults_config_not_yaml(refused, tmp_path):
     config = tmp_path / "broken.yaml"
     config.write_text("task: classification\ndata: [unclosed\n")

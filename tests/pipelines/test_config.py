@@ -277,6 +277,49 @@ def test_config_integers_are_decimal_without_yaml_1_1_octal_or_base_60(tmp_path)
         load_config(in_file, ["train.eval_steps=1:30"], options_for)
 
 
+def test_config_floats_are_read_as_yaml_1_2_reads_them(tmp_path):
+    # YAML 1.1 needs a dot before an exponent and reads colons as base 60: `train.max_steps=1e3` was refused as a
+    # string, `learning_rate: 1:30.0` trained at 90.0, and an exponent nested in model.architecture stayed a string.
+    in_file = write(tmp_path, BASE.replace("  learning_rate: 1.0e-4\n", "  learning_rate: 1e-4\n  max_steps: 1e3\n"))
+    config = load_config(in_file, ["model.architecture={rope_scaling: {factor: 1e-1}}", "train.weight_decay=.5"], options_for)
+    assert (config.train.learning_rate, config.train.max_steps, config.train.weight_decay) == (1e-4, 1000, 0.5)
+    assert config.model.architecture == {"rope_scaling": {"factor": 0.1}}
+    with pytest.raises(ConfigError, match=r"bad value for 'train.learning_rate' in the command line.*'1:30.0'"):
+        load_config(in_file, ["train.learning_rate=1:30.0"], options_for)
+
+
+def test_config_a_setting_given_twice_on_the_command_line_is_refused():
+    # The last one won silently, as a key given twice in a YAML file would (refused there too).
+    from pipelines.config_loading import refuse_repeated_overrides
+
+    for overrides, key in ((["train.max_steps=3", "train.max_steps=5"], "train.max_steps"),
+                           (["train.learning_rate=1e-3", "train={learning_rate: 0.5}"], "train.learning_rate"),
+                           (["data.files={train: a.csv}", "data.files={train: b.csv}"], "data.files")):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)} is set twice on the command line \({re.escape(repr(overrides[0]))}, then"):
+            refuse_repeated_overrides(overrides)
+    # A section given whole and then a key of it set different settings: allowed, as documented.
+    refuse_repeated_overrides(["model.peft=null", "model.peft.r=8", "train.max_steps=3", "data.files.train=a.csv"])
+
+
+def test_config_a_list_of_numbers_refuses_booleans_and_files_refuse_an_empty_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"bad value for 'distill.layers' in the command line: .*true is a boolean; this setting takes a list of numbers"):
+        load_config(write(tmp_path, BASE), ["distill={teacher: t, init: teacher}", "distill.layers=[true, false]"], options_for)
+    with pytest.raises(ConfigError, match=r"'data.files'.*split\(s\) \['train'\] list an empty path"):
+        load_config(write(tmp_path, BASE), ["data.files.train=[a.jsonl, '']"], options_for)
+
+
+@pytest.mark.parametrize("task, section", [("classification", "classification"), ("ner", "ner")])
+def test_config_label_names_given_twice_or_empty_are_refused(tmp_path, task, section):
+    # [negative, positive, negative] trained a head of three classes, one dead under a shared name, and predict's
+    # scores then summed to 0.70; an empty list was read as unset while config.yaml kept it.
+    from tasks import get_task
+
+    path = REPO_ROOT / ("configs/classification/sst2.yaml" if task == "classification" else "configs/ner/conll2003.yaml")
+    for value, message in (("[negative, positive, negative]", r"\['negative'\] listed more than once"), ("[]", "the label set is empty")):
+        with pytest.raises(ConfigError, match=rf"'{section}.label_names' in the command line: .*{message}"):
+            load_config(path, [f"output_dir={tmp_path}", f"{section}.label_names={value}"], lambda name: get_task(name).Options)
+
+
 def test_config_override_of_a_list_element_is_an_error_naming_the_whole_list_form(tmp_path):
     # `data.files.validation[0]=b.jsonl` made a split named "validation[0]" that no command reads:
     # evaluate went on scoring the old validation file.
@@ -327,6 +370,14 @@ def test_config_a_finished_runs_config_takes_what_evaluation_reads_and_refuses_w
     assert load_finished_run_config(translation, ["translation.num_beams=1"], options).task_options.num_beams == 1
     with pytest.raises(ConfigError, match="translation.encoder_name_or_path='x'"):
         load_finished_run_config(translation, ["translation.encoder_name_or_path=x"], options)
+    # Only training reads data.max_train_samples; another task is refused as such, not as an unknown section.
+    with pytest.raises(ConfigError, match=r"data.max_train_samples=5 given to a finished run trained with 8000"):
+        load_finished_run_config(saved, ["data.max_train_samples=5"], options)
+    with pytest.raises(ConfigError, match=r"^task='ner' given to a finished run trained with 'classification' \(runs/x/config.yaml\)"):
+        load_finished_run_config(saved, ["task=ner"], options, source="runs/x/config.yaml")
+    edited = {**saved, "train": {**saved["train"], "batch_size": "many"}}
+    with pytest.raises(ConfigError, match=r"'train.batch_size' in runs/x/config.yaml"):
+        load_finished_run_config(edited, [], options, source="runs/x/config.yaml")
     assert saved == load_config(REPO_ROOT / "configs/classification/sst2.yaml", [], options).to_yaml_dict()  # left as it was
 
 
