@@ -57,7 +57,9 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.A
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        is_norm_or_bias = parameter.ndim < 2 or "norm" in name.lower()
+        # By name too, as the Trainer does: relative-position biases are matrices (XLNet's and Funnel's r_w_bias,
+        # MPNet's and T5's relative_attention_bias.weight), which the dimension alone decayed.
+        is_norm_or_bias = parameter.ndim < 2 or "norm" in name.lower() or "bias" in name.lower()
         (no_decay if is_norm_or_bias else decay).append(parameter)
     groups = [
         {"params": decay, "weight_decay": train.weight_decay},

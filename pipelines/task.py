@@ -30,7 +30,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipelines.config import RunConfig, TaskOptions
+from pipelines.config import ConfigError, RunConfig, TaskOptions
 
 
 class Task(Protocol):
@@ -115,6 +115,17 @@ class Task(Protocol):
 
 
 
+def check_room_for_text(tokenizer: PreTrainedTokenizerBase, max_length: int, *, texts: int = 1) -> None:
+    """A ConfigError when ``data.max_seq_length`` leaves no token of an input's text(s) beside the tokenizer's special
+    tokens: NER then dropped every word and a classifier read ``[CLS] [SEP]`` alone, with exit status 0 (and below
+    the special tokens' count the tokenizer cut nothing at all, while a warning said the texts were cut)."""
+    specials = tokenizer.num_special_tokens_to_add(pair=texts == 2)
+    if max_length < specials + texts:
+        what = "pair of texts" if texts == 2 else "text"
+        raise ConfigError(f"data.max_seq_length={max_length} leaves no room for text: the tokenizer adds {specials} special "
+                          f"token(s) to each {what}; give at least {specials + texts}")
+
+
 class TaskBase:
     """The defaults a task may take instead of writing them; it still declares the Protocol's class attributes."""
 
@@ -130,7 +141,12 @@ class TaskBase:
 
         # A finished run's tokenizer is its own: the base's revision names none of its versions.
         self.tokenizer = load_tokenizer(tokenizer_source(self.config.model, model_path), None if model_path else self.config.model.revision)
+        check_room_for_text(self.tokenizer, self.config.data.max_seq_length, texts=self.texts_per_input())
         return self.tokenizer
+
+    def texts_per_input(self) -> int:
+        """How many texts one model input holds (a sentence pair: 2), for :func:`check_room_for_text`."""
+        return 1
 
     def metrics_absent_from(self, examples: Dataset) -> dict[str, str]:
         return {}  # every metric the task names is reported on any eval split

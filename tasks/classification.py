@@ -233,6 +233,9 @@ class ClassificationTask(TaskBase):
             self.label_names = self._infer_label_names(loaded.get(data.train_split, reference))
         return raw
 
+    def texts_per_input(self) -> int:
+        return 2 if self.config.data.text_pair_column else 1
+
     def load_inputs(self, path: str) -> Dataset:
         text_columns = [self.text_column, self.config.data.text_pair_column, "text"]
         inputs = skip_blank_lines(read_inputs(path, encoding=self.config.data.encoding, text_columns=text_columns), path)

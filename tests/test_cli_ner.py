@@ -192,6 +192,13 @@ def test_cli_ner_documented_pipeline_call_is_predicts_word_rule(ner_setup, tmp_p
     simple = pipeline("token-classification", model=str(run), aggregation_strategy="simple")
     assert keys(simple(texts[1], aggregation_strategy="words")) == keys(predicted[1])
     assert simple(texts[0])[0]["word"] == "alice smith"  # transformers': decoded pieces
+    # A stride past the window is capped at half a window, as predict caps ner.stride=100; transformers' own check
+    # (below the model's length) refused it on the word path, which takes its stride itself.
+    long_text = "alice smith " * 6 + "visited paris and " * 5 + "farah novak"
+    (tmp_path / "long.txt").write_text(long_text + "\n")
+    run_cli("predict", str(run), "--input", str(tmp_path / "long.txt"), "--output", str(tmp_path / "long.jsonl"), "ner.stride=100")
+    [capped] = [json.loads(line)["entities"] for line in (tmp_path / "long.jsonl").read_text().splitlines()]
+    assert keys(documented(long_text, stride=100)) == keys(capped) and capped
 
 
 def test_cli_ner_pipeline_leaves_other_token_classifiers_to_transformers(ner_setup):

@@ -73,8 +73,16 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
         words = isinstance(aggregation_strategy, str) and aggregation_strategy.lower() == WORD_AGGREGATION
         if words and not self.tokenizer.is_fast:
             raise ValueError('aggregation_strategy="words" needs a fast tokenizer (its word_ids())')
+        if aggregation_strategy is not None:
+            word_path = words
+        else:  # the construction-time choice, else the run's default
+            chosen = getattr(self, "_preprocess_params", {}).get("word_level")
+            word_path = chosen if chosen is not None else (
+                self._run_defaults().get("aggregation_strategy") == WORD_AGGREGATION and self.tokenizer.is_fast)
+        # The word path takes its stride itself, capped at half a window as predict caps it; transformers' check
+        # (below the model's length) refused a stride predict accepts.
         preprocess, forward, postprocess = super()._sanitize_parameters(
-            aggregation_strategy=None if words else aggregation_strategy, stride=stride, **options
+            aggregation_strategy=None if words else aggregation_strategy, stride=None if word_path else stride, **options
         )
         # Only what the caller gave: a call-time choice then overrides the construction-time one, and
         # the run's default fills in when neither chose.

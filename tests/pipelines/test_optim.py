@@ -54,6 +54,24 @@ def test_optim_no_weight_decay_on_bias_and_norm():
     assert undecayed["weight_decay"] == 0.0 and len(undecayed["params"]) == 3
 
 
+def test_optim_no_weight_decay_on_relative_position_biases_that_are_matrices():
+    # As the Trainer decides by name: XLNet's r_w_bias and MPNet's relative_attention_bias.weight are 2-D, and
+    # the dimension alone decayed them.
+    from transformers import MPNetConfig, MPNetForSequenceClassification, XLNetConfig, XLNetForSequenceClassification
+
+    for model, biases in (
+        (XLNetForSequenceClassification(XLNetConfig(vocab_size=50, d_model=16, n_layer=1, n_head=2, d_inner=32)),
+         {"transformer.layer.0.rel_attn.r_w_bias", "transformer.layer.0.rel_attn.r_r_bias", "transformer.layer.0.rel_attn.r_s_bias"}),
+        (MPNetForSequenceClassification(MPNetConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                    intermediate_size=32)), {"mpnet.encoder.relative_attention_bias.weight"}),
+    ):
+        names = {id(parameter): name for name, parameter in model.named_parameters()}
+        decayed, undecayed = build_optimizer(model, TrainConfig(weight_decay=0.1)).param_groups
+        assert biases <= {names[id(p)] for p in undecayed["params"]}
+        assert not any("bias" in names[id(p)] or "norm" in names[id(p)].lower() for p in decayed["params"])
+        assert any("word_embedding" in names[id(p)] for p in decayed["params"])  # matrices are still decayed
+
+
 def test_optim_loss_items_are_labelled_positions_of_per_token_labels_else_examples():
     from pipelines.optim import loss_items
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from datasets import ClassLabel, Dataset, Features, Sequence, Value
 
+from pipelines.config import ConfigError
 from pipelines.config_loading import load_config
 from pipelines.errors import DataError
 from tasks import get_task
@@ -107,6 +108,17 @@ def test_classification_json_labels_mixing_numbers_and_the_strings_they_spell_ar
         make_task(tmp_path, tiny_bert, rows, rows)
     with pytest.raises(DataError, match=r"row 2: 'label' is read as a bool where row 1 is read as a int"):
         make_task(tmp_path, tiny_bert, [{"text": "good", "label": 1}, {"text": "bad", "label": "true"}], rows[:1])
+
+
+def test_classification_max_seq_length_without_room_for_text_is_refused(tmp_path, tiny_bert):
+    # At 3 a pair classifier read [CLS] [SEP] [SEP] alone (every input the same scores); at 1 or 2 the tokenizer
+    # cut nothing while a warning said the texts were cut. Exit status 0 either way.
+    rows = [{"text": "good", "text2": "fine", "label": "pos"}, {"text": "bad", "text2": "dull", "label": "neg"}]
+    for length, texts, pair in ((4, "pair of texts", ["data.text_pair_column=text2"]), (2, "text", [])):
+        with pytest.raises(ConfigError, match=rf"^data.max_seq_length={length} leaves no room for text: the tokenizer adds "
+                                              rf"\d special token\(s\) to each {texts}; give at least {length + 1}"):
+            make_task(tmp_path, tiny_bert, rows, rows, f"data.max_seq_length={length}", *pair)
+    make_task(tmp_path, tiny_bert, rows, rows, "data.max_seq_length=5", "data.text_pair_column=text2")
 
 
 def test_classification_regression_from_float_labels(tmp_path, tiny_bert):

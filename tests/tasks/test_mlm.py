@@ -528,6 +528,32 @@ def test_mlm_next_sentence_prediction_builds_pairs(tmp_path, corpus_file):
     assert set(outputs) == {"masked_loss_sum", "masked_tokens", "masked_correct", "nsp_correct"}
 
 
+def test_mlm_next_sentence_prediction_refuses_an_update_over_several_batches(tmp_path, corpus_file, monkeypatch):
+    # Its loss is a mean over masked tokens plus one over pairs; weighting each accumulated (or per-process) batch
+    # by its masked tokens weighted the pairs' term by them too: not the update of one big batch, without a word.
+    from types import SimpleNamespace
+
+    import accelerate.state
+
+    from pipelines.config import ConfigError
+
+    config = mlm_config(tmp_path, corpus_file, "mlm.next_sentence_prediction=true", "train.gradient_accumulation_steps=2")
+    task = MlmTask(config)
+    raw = task.load()
+    task.build_tokenizer(raw)
+    with pytest.raises(ConfigError, match=r"^mlm.next_sentence_prediction=true with train.gradient_accumulation_steps=2 on 1 process"):
+        task.build_model(raw)
+    task = MlmTask(mlm_config(tmp_path, corpus_file, "mlm.next_sentence_prediction=true"))
+    task.build_tokenizer(raw)
+    monkeypatch.setattr(accelerate.state, "PartialState", lambda: SimpleNamespace(num_processes=2))
+    with pytest.raises(ConfigError, match=r"train.gradient_accumulation_steps=1 on 2 process\(es\)"):
+        task.build_model(raw)
+    monkeypatch.undo()
+    plain = MlmTask(mlm_config(tmp_path, corpus_file, "train.gradient_accumulation_steps=2"))  # masked tokens alone: exact
+    plain.build_tokenizer(raw)
+    assert type(plain.build_model(raw)).__name__ == "BertForMaskedLM"
+
+
 def test_mlm_next_sentence_pairs_mask_whole_words_when_asked(tmp_path, corpus_file):
     """With NSP the words must survive the pair cuts: a ``##`` piece is a target exactly when the piece
     before it (same segment) is, in training batches and in the fixed evaluation masks."""

@@ -388,6 +388,17 @@ def test_ner_tag_set_comes_from_the_whole_train_file_not_the_rows_max_train_samp
     assert len(raw["train"]) == 2 and raw["validation"][0]["tags"] == ["B-PER", "O"]
 
 
+def test_ner_max_seq_length_without_room_for_a_word_is_refused(tmp_path, tiny_bert):
+    # At 2 every window held one word whose only piece truncation then cut: no entity, no warning, exit status 0.
+    from pipelines.config import ConfigError
+
+    train = _write(tmp_path / "train.txt", CONLL)
+    overrides = [f"data.files.train={train}", f"data.files.validation={train}", f"model.name_or_path={tiny_bert}", "data.max_seq_length=2"]
+    config = load_config(REPO_ROOT / "configs/ner/conll2003.yaml", [f"output_dir={tmp_path / 'run'}", *overrides], lambda name: get_task(name).Options)
+    with pytest.raises(ConfigError, match=r"^data.max_seq_length=2 leaves no room for text: the tokenizer adds 2 special token\(s\) to each text; give at least 3"):
+        NerTask(config).build_tokenizer(None)
+
+
 def test_ner_metrics_absent_from_an_eval_split_are_the_types_no_gold_sentence_holds(tmp_path):
     """train.metric_for_best_model=eval_ORG_f1 on an eval split without an ORG: seqeval scored ORG (zeros) at an
     evaluation where the model predicted one, and at the next, where it did not, the run stopped hours in."""
