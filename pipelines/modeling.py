@@ -241,7 +241,12 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
 
 # Models whose position ids start after the padding index (fairseq's convention): two of their
 # max_position_embeddings are never usable by tokens.
-_POSITION_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl", "data2vec-text"}
+# (The text encoders whose embeddings build positions with transformers' create_position_ids_from_input_ids; MPNet
+# and the others left out of this list indexed past the table in an IndexError traceback at such a length.)
+_POSITION_OFFSET_TYPES = {
+    "roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl", "data2vec-text", "mpnet", "roberta-prelayernorm",
+    "ibert", "xmod", "luke", "lilt", "markuplm",
+}
 
 
 def usable_positions(config: PretrainedConfig | None) -> int | None:

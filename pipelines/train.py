@@ -36,7 +36,7 @@ from pipelines import outputs
 from pipelines.adapters import MERGED_DIR, apply_peft, base_model_id, is_peft_model, save_adapter_run, save_merged_model
 from pipelines.atomic_writes import replacing_files, replacing_folder, write_json
 from pipelines.autocast_safety import make_autocast_safe
-from pipelines.batching import eval_dataloader, exact_eval_batch_size, train_dataloader
+from pipelines.batching import eval_dataloader, exact_eval_batch_size, feature_lengths, train_dataloader
 from pipelines.card import write_model_card
 from pipelines.checkpoint import (
     SOURCES_FILE, CheckpointError, TrainerState, check_resume_config, complete_checkpoints, find_checkpoint, load_checkpoint,
@@ -52,7 +52,7 @@ from pipelines.first_position import last_layer_at_first_position
 from pipelines.labelled_positions import head_at_labelled_positions
 from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters, freeze_input_embeddings
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, clip_gradients, plan_steps
-from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, position_offset
+from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, packing_probe, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
 from pipelines.runtime import (
     build_accelerator, check_compile_backend, check_trackers, end_run, resolve_mixed_precision, wrap_model_layers_for_fsdp,
@@ -476,8 +476,9 @@ def _train_collator(config: RunConfig, task: Task, model: torch.nn.Module, train
         return collate
     packing = PackingCollator(collate, pad_token_id=task.tokenizer.pad_token_id, position_offset=position_offset(model))
     # A handful of real features of different lengths, so rows hold several examples and padding.
-    probe = [train_features[index] for index in range(min(8, len(train_features)))]
-    check_packing_is_exact(model, collate, packing, probe, family=model.config.model_type)
+    probe = packing_probe(feature_lengths(train_features))
+    if probe is not None:
+        check_packing_is_exact(model, collate, packing, [train_features[index] for index in probe], family=model.config.model_type)
     return packing
 
 

@@ -261,6 +261,9 @@ def test_cli_sweep_interrupted_says_the_same_command_continues_it(tmp_path, tiny
     (["--timeout", "nan"], ["--timeout must be a positive number of seconds (got nan)"]),
     (["hub.push=true", "hub.repo_id=someone/model"], ["hub.push=true would push every trial to someone/model"]),
     (["--pruner", "median", "train.eval_steps=null"], ["--pruner median stops trials at their evaluations", "train.eval_steps"]),
+    # Checked when a trial first reported: the first trial trained before the sweep stopped, leaving its study behind.
+    (["train.metric_for_best_model=eval_pearson"], ["train.metric_for_best_model='eval_pearson' is not a metric the classification "
+                                                    "task reports with these settings"]),
 ])
 def test_cli_sweep_options_it_would_ignore_or_misapply_are_refused(tmp_path, tiny_bert, sentiment_files, extra, needles):
     # --timeout nan started no trial and exited 0; hub.push made every trial push to one repository, the last to
@@ -423,3 +426,20 @@ def test_cli_sweep_storage_that_is_no_journal_or_a_cut_short_one_is_refused_unch
     result = run_cli(*args[:2], "--trials", "2", *args[4:], check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "its last record is cut short" in result.stderr and journal.read_bytes() == cut
+
+
+def test_cli_sweep_default_objective_is_one_the_task_reports_on_the_data(tmp_path, tiny_bert):
+    # A regression reports no accuracy: the default eval_accuracy failed the sweep after its first trial had trained.
+    from pipelines.config_loading import load_config
+    from pipelines.sweep.run import _objective
+    from tasks import get_task
+    from tests.conftest import write_jsonl
+
+    rows = [{"sentence": f"film number {index}", "label": index / 4} for index in range(8)]
+    train, validation = write_jsonl(tmp_path / "train.jsonl", rows), write_jsonl(tmp_path / "validation.jsonl", rows[:4])
+    config = tmp_path / "regression.yaml"
+    config.write_text(f"task: classification\noutput_dir: {tmp_path / 'sweep'}\nmodel:\n  name_or_path: {tiny_bert}\n"
+                      f"data:\n  files: {{train: {train}, validation: {validation}}}\n  text_column: sentence\n")
+    base = load_config(config, [], lambda name: get_task(name).Options)
+    assert _objective(base, get_task, str(config)) == "eval_pearson"
+    assert not (tmp_path / "sweep").exists()

@@ -30,9 +30,11 @@ from pipelines.sweep.report import write_report
 from pipelines.sweep.space import SweepError, load_space
 from pipelines.sweep.workers import fail_dead_trials, run_workers, trial_dir
 
-# The objective when train.metric_for_best_model is unset: each task's headline metric.
+# The objective when train.metric_for_best_model is unset: each task's headline metric, the first of these the task
+# reports with the run's settings (a regression reports no accuracy, a POS tagger no F1).
 DEFAULT_OBJECTIVES = {
-    "classification": "eval_accuracy", "ner": "eval_f1", "qa": "eval_f1", "translation": "eval_bleu", "mlm": "eval_perplexity",
+    "classification": ("eval_accuracy", "eval_pearson"), "ner": ("eval_f1", "eval_accuracy"), "qa": ("eval_f1",),
+    "translation": ("eval_bleu",), "mlm": ("eval_perplexity",),
 }
 
 
@@ -73,9 +75,7 @@ def run_sweep(
             "sweep without it (hub.push=false), then publish the best trial's run with `bertpipe publish`"
         )
     params = load_space(space_path, base, config_path=config_path, overrides=overrides, options_for=options_for)
-    metric = base.train.metric_for_best_model or DEFAULT_OBJECTIVES.get(base.task)
-    if not metric:
-        raise SweepError(f"{config_path}: set train.metric_for_best_model: the objective of the sweep")
+    metric = _objective(base, get_task, config_path)
     maximize = base.train.metric_greater_is_better(metric, get_task(base.task).higher_is_better)
     pruner = _pruner_for(base, pruner)
     make_pruner(pruner, trials)  # an unknown name fails here, before anything is written
@@ -101,6 +101,29 @@ def run_sweep(
     report = write_report(optuna.load_study(study_name=plan.study_name, storage=open_storage(plan.storage)), plan, wall, options_for)
     report["dead_workers"] = dead_workers
     return report
+
+
+def _objective(base: RunConfig, get_task: TaskLookup, config_path: str) -> str:
+    """The metric the study optimises, checked against what the task reports on this data before any trial trains.
+
+    Checked only when a trial first reported (train's own check, on the trial's data), a regression's default
+    ``eval_accuracy`` failed the sweep after its first trial had trained, and left a study that then refused the
+    objective that fits, as another study's.
+    """
+    from pipelines.train import BestModel
+
+    task = get_task(base.task)(base)
+    eval_examples = task.load()[base.data.eval_split]
+    reported = [f"eval_{name}" for name in task.metric_names()]
+    absent = {f"eval_{name}" for name in task.metrics_absent_from(eval_examples)}
+    metric = base.train.metric_for_best_model or next(
+        (name for name in DEFAULT_OBJECTIVES.get(base.task, ()) if name in reported and name not in absent), None)
+    if not metric:
+        raise SweepError(f"{config_path}: set train.metric_for_best_model: the objective of the sweep (the {base.task} task "
+                         f"reports {', '.join(name for name in reported if name not in absent)} here)")
+    train = base.train.model_copy(update={"metric_for_best_model": metric})
+    BestModel.from_config(base.model_copy(update={"train": train}), task, eval_examples)  # a metric it cannot give: refused
+    return metric
 
 
 def _pruner_for(config: RunConfig, asked: str | None) -> str:

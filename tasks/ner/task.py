@@ -418,10 +418,18 @@ print(tagger("Angela Merkel visited Paris in May."))"""
         if not self._entity_metrics():
             return {}
         # seqeval scores a type only when the references or the predictions hold one: without gold entities of
-        # a type its scores are zeros that come and go with what the model predicts.
-        held = {tag.split("-", 1)[1] for tags in examples["tags"] for tag in tags if tag != "O"}
+        # a type its scores are zeros that come and go with what the model predicts. Strict mode counts only the
+        # chunks its scheme allows (an IOB1 file's I-LOC opening an entity is none under IOB2), so those are read.
+        if self.options.strict:
+            from seqeval import scheme as seqeval_scheme
+
+            chunks = seqeval_scheme.Entities(list(examples["tags"]), getattr(seqeval_scheme, self._strict_scheme()))
+            held = set(chunks.unique_tags)
+        else:
+            held = {tag.split("-", 1)[1] for tags in examples["tags"] for tag in tags if tag != "O"}
         types = sorted({name.split("-", 1)[1] for name in self.label_names if name != "O"} - held)
-        return {f"{entity_type}_{name}": f"the eval split holds no {entity_type} entity"
+        counted = f" that strict {self._strict_scheme()} chunking counts" if self.options.strict else ""
+        return {f"{entity_type}_{name}": f"the eval split holds no {entity_type} entity{counted}"
                 for entity_type in types for name in ("precision", "recall", "f1")}
 
     def check_distillation_teacher(self, teacher_options: TaskOptions, teacher_dir: str) -> None:

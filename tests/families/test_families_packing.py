@@ -68,3 +68,26 @@ def test_families_packed_ner_run_trains_or_exits_2_before_writing(family, refuse
         assert not any((tmp_path / "run").glob("*"))  # the folder check leaves output_dir created, empty
     else:
         assert json.loads((tmp_path / "run" / "metrics.json").read_text())["train_samples"] == 3 * 8
+
+
+def test_families_packing_probe_packs_several_examples_into_a_row_whatever_the_files_first_rows(family_checkpoint, tmp_path):
+    """The first 8 training features were the probe: 8 sentences of similar length each got a row of their own, and
+    MPNet (refused above) trained packed, exit status 0. The probe is the longest and the shortest features."""
+    from tests.conftest import run_cli, write_jsonl
+    from tests.families.matrix import ner_rows, write_config
+
+    similar = [{"tokens": ["Alice", "met", "Bob", "in", "Paris", "today"], "tags": ["B-PER", "O", "B-PER", "O", "B-LOC", "O"]}] * 8
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", similar + ner_rows(32, seed=1)),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", ner_rows(8, seed=2))}
+    config = write_config(tmp_path, "ner", family_checkpoint("mpnet"), files, train="  max_steps: 3\n  pack_sequences: true")
+    result = run_cli("train", str(config), check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "train.pack_sequences: packed and unpacked mpnet forwards differ" in result.stderr
+
+
+def test_families_packing_probe_is_none_where_no_two_examples_can_share_a_row():
+    from pipelines.packing import packing_probe
+
+    assert packing_probe([20, 21, 22, 23]) is None  # 20 + 21 > 1.25 x 23: every row holds one example
+    probe = packing_probe([13, 13, 14, 12, 13, 15, 14, 13, 3, 25, 4])
+    assert probe[0] == 9 and {8, 10} <= set(probe) and len(probe) == 8  # the longest, then the shortest

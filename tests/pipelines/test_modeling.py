@@ -310,3 +310,24 @@ def test_modeling_a_revision_a_local_copy_cannot_choose_is_named_once(tmp_path, 
     warned = [record.getMessage() for record in caplog.records if "model.revision=" in record.getMessage()]
     assert warned == [f"model.revision=v2.0: owner/tiny resolves to its mirror copy {tmp_path / 'mirror' / 'models' / 'owner' / 'tiny'}, "
                       "which holds one version, whatever was copied there: revision v2.0 is not checked, though the run records it"]
+
+
+@pytest.mark.parametrize("model_type", ["bert", "electra", "distilbert", "roberta", "xlm-roberta", "camembert", "data2vec-text",
+                                        "longformer", "mpnet", "roberta-prelayernorm", "ibert", "xmod", "luke", "lilt", "markuplm"])
+def test_modeling_usable_positions_leave_out_the_positions_before_the_padding_index_as_the_embeddings_do(model_type):
+    # MPNet, RoBERTa-PreLayerNorm, I-BERT and X-MOD number positions from padding_idx + 1 as RoBERTa does, but were
+    # counted from 0: data.max_seq_length at the table's size passed the check and indexed past it in a traceback.
+    from transformers import AutoConfig, AutoModel
+
+    from pipelines.modeling import usable_positions
+    from pipelines.packing import position_offset
+
+    sizes = dict(vocab_size=60, max_position_embeddings=40, pad_token_id=1)
+    if model_type == "distilbert":
+        sizes.update(dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    else:
+        sizes.update(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    if model_type == "longformer":
+        sizes["attention_window"] = 4
+    config = AutoConfig.for_model(model_type, **sizes)
+    assert usable_positions(config) == 40 - position_offset(AutoModel.from_config(config))

@@ -414,6 +414,17 @@ def test_ner_metrics_absent_from_an_eval_split_are_the_types_no_gold_sentence_ho
     assert task.metrics_absent_from(raw["train"]) == {}
     pos = _task(tmp_path, {"train": train, "validation": validation}, label_names=["NN", "VB"])  # accuracy alone
     assert pos.metrics_absent_from(raw["validation"]) == {}
+    # Strict IOB2 counts no entity opened by I- (IOB1 files, as the original CoNLL-2003 writes them): an eval split
+    # whose only ORG is one had ORG_f1 pass the check before training and vanish at the first evaluation.
+    iob1 = _write(tmp_path / "iob1.jsonl", json.dumps({"tokens": ["Peter", "saw", "the", "EU"], "ner_tags": ["B-PER", "O", "O", "I-ORG"]}) + "\n")
+    strict = _task(tmp_path, {"train": train, "validation": iob1}, strict=True)
+    raw = strict.load()
+    absent = strict.metrics_absent_from(raw["validation"])
+    assert absent["ORG_f1"] == "the eval split holds no ORG entity that strict IOB2 chunking counts" and "PER_f1" not in absent
+    computed = strict.compute_metrics({"tags": [["B-PER", "O", "O", "I-ORG"]]}, raw["validation"])
+    assert set(computed) == set(strict.metric_names()) - set(absent)
+    lenient = _task(tmp_path, {"train": train, "validation": iob1})
+    assert "ORG_f1" not in lenient.metrics_absent_from(lenient.load()["validation"])  # conlleval reads I-ORG as an entity
 
 
 @pytest.mark.parametrize(
