@@ -13,6 +13,7 @@ Out: :func:`apply_peft` wraps the model in a ``PeftModel`` (LoRA or IA3) whose p
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,8 @@ def default_modules_to_save(model: torch.nn.Module) -> list[str]:
     BERT: ``classifier`` (sequence/token classification), ``qa_outputs`` (QA),
     ``cls.predictions.transform`` (MLM: the vocabulary projection is tied to the input embeddings,
     so it stays frozen and tied rather than being copied and untied). A BERT2BERT
-    ``EncoderDecoderModel`` returns ``crossattention``: when warm-started from two encoders its
-    cross-attention is newly initialised, so it is trained in full. Pretrained seq2seq models
+    ``EncoderDecoderModel`` (a finished run: a warm start from two encoders is refused, its new cross-attention
+    existing in no checkpoint) returns ``crossattention``, trained in full. Pretrained seq2seq models
     (T5, BART, Marian) have no new head: nothing. Modules whose weights the checkpoint lacked
     (recorded by :func:`pipelines.modeling.load_model`, e.g. ``bert.pooler.dense`` under an MLM checkpoint) are added, and
     so are norms that keep running statistics (BatchNorm).
@@ -200,6 +201,7 @@ def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str |
     except ValueError as error:  # e.g. "Target modules {...} not found in the base model"
         raise ModelError(f"model.peft: {error}") from error
     _refuse_adapting_tied_input_embeddings(wrapped)
+    _pass_segments_through(wrapped)
     # get_peft_model records the folder the weights came from (a mirror path); the run records the base id.
     wrapped.peft_config["default"].base_model_name_or_path = base_model_name_or_path
     # Without it the adapter trained on a tagged base would be reloaded on the base's newest weights.
@@ -284,7 +286,35 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bo
         # The run's beam and length settings (save_adapter_run writes them): from_pretrained read the base checkpoint's,
         # and pipeline() on the run generated with those (transformers' 20-token default, greedy).
         base.generation_config = GenerationConfig.from_pretrained(run_dir)
-    return PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable)
+    return _pass_segments_through(PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable))
+
+
+def _pass_segments_through(model):
+    """``model`` with peft's question-answering wrapper made to hand ``token_type_ids`` and ``position_ids`` on.
+
+    peft's ``PeftModelForQuestionAnswering.forward`` takes both and, for LoRA and IA3, calls the base model without
+    them: a QA adapter trained, evaluated and predicted with every context token in segment A, and its merged
+    model (``bertpipe merge``, export, a distillation teacher), given the segments, answered otherwise. The
+    wrappers of the other heads pass them on; so does the plain ``PeftModel.forward`` this falls back to.
+    """
+    from peft import PeftModelForQuestionAnswering
+
+    if type(model) is PeftModelForQuestionAnswering:
+        model.__class__ = _question_answering_with_segments()
+    return model
+
+
+@functools.cache
+def _question_answering_with_segments() -> type:
+    from peft import PeftModel, PeftModelForQuestionAnswering
+
+    class QuestionAnsweringWithSegments(PeftModelForQuestionAnswering):
+        def forward(self, *args, **kwargs):
+            if self.active_peft_config.is_prompt_learning:
+                return super().forward(*args, **kwargs)
+            return PeftModel.forward(self, *args, **kwargs)
+
+    return QuestionAnsweringWithSegments
 
 
 def is_adapter_only_dir(path: Any) -> bool:

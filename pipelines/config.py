@@ -125,7 +125,7 @@ class PeftConfig(Section):
     projections (BERT: query, value; T5: q, v; BART/Marian: q_proj, v_proj)."""
     modules_to_save: list[str] | None = None
     """Modules trained in full and saved with the adapter; None = the task head (classifier,
-    qa_outputs, the MLM transform; the new cross-attention of a BERT2BERT encoder-decoder)."""
+    qa_outputs, the MLM transform; the cross-attention of a finished BERT2BERT run, as a warm start's is refused)."""
     merge: bool = False
     """Also write ``merged/``: the adapter folded into a full model (Auto classes, ``pipeline()``)."""
 

@@ -64,6 +64,8 @@ def batch_for(kind: str) -> dict[str, torch.Tensor]:
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 7:] = 0
     batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if kind != "seq2seq":  # a question and its context, a sentence pair: peft's QA wrapper dropped the segments
+        batch["token_type_ids"] = (torch.arange(10) >= 4).long().expand(4, 10).contiguous()
     if kind == "seq-cls":
         batch["labels"] = torch.tensor([0, 1, 2, 1])
     elif kind == "token-cls":
