@@ -28,6 +28,7 @@ from accelerate.utils.constants import RNG_STATE_NAME
 
 from pipelines.atomic_writes import write_text_atomically
 from pipelines.config import NO_DEFAULT, absolute_if_local, flatten_tree, is_model_option, schema_default
+from pipelines.config_loading import dump_yaml
 from pipelines.errors import UserError, describe
 from pipelines.optim import StepPlan
 
@@ -171,7 +172,7 @@ def save_checkpoint(
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             if config is not None:
-                (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+                (partial / CONFIG_FILE).write_text(dump_yaml(config, sort_keys=False), encoding="utf-8")
                 _write_json_atomically(partial / SOURCES_FILE, source_digests(config) if sources is None else sources)
             _write_json_atomically(partial / STATE_FILE, asdict(state))
     except BaseException as error:  # a full disk, and Ctrl-C too: neither leaves half a checkpoint behind

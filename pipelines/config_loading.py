@@ -183,9 +183,8 @@ _UniqueKeyLoader.yaml_implicit_resolvers = {
     first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT_TAG]
     for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
 }
-_UniqueKeyLoader.add_implicit_resolver(
-    _INT_TAG, re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"), list("-+0123456789")
-)
+_YAML_1_2_INT = re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$")
+_UniqueKeyLoader.add_implicit_resolver(_INT_TAG, _YAML_1_2_INT, list("-+0123456789"))
 
 
 # Floats as YAML 1.2 reads them: YAML 1.1 needs a dot before an exponent (``1e-5`` was the string "1e-5", and
@@ -195,11 +194,37 @@ _UniqueKeyLoader.yaml_implicit_resolvers = {
     first: [(tag, pattern) for tag, pattern in resolvers if tag != _FLOAT_TAG]
     for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
 }
-_UniqueKeyLoader.add_implicit_resolver(
-    _FLOAT_TAG,
-    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."),
-)
+_YAML_1_2_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_UniqueKeyLoader.add_implicit_resolver(_FLOAT_TAG, _YAML_1_2_FLOAT, list("-+0123456789."))
+
+
+class _SavedConfigLoader(_UniqueKeyLoader):
+    """The loader of files bertpipe wrote itself before floats were read as YAML 1.2 reads them (a run's config.yaml):
+    PyYAML's writer left ``revision: 4501e23`` (a commit) unquoted, a string under YAML 1.1, and so it is read here."""
+
+
+_SavedConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _FLOAT_TAG]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
+}
+for _first, _resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items():
+    for _tag, _pattern in _resolvers:
+        if _tag == _FLOAT_TAG:
+            _SavedConfigLoader.add_implicit_resolver(_tag, _pattern, [_first])
+
+
+class _ConfigDumper(yaml.SafeDumper):
+    """PyYAML's safe writer, quoting every string the loaders here would read as something else: a string such as
+    ``4501e23`` or ``0o17`` is a number to YAML 1.2, not to the YAML 1.1 writer, which left it bare."""
+
+
+_ConfigDumper.add_implicit_resolver(_FLOAT_TAG, _YAML_1_2_FLOAT, list("-+0123456789."))
+_ConfigDumper.add_implicit_resolver(_INT_TAG, _YAML_1_2_INT, list("-+0123456789"))
+
+
+def dump_yaml(tree: Any, **options: Any) -> str:
+    """``yaml.safe_dump`` that the config loaders read back as written (see :class:`_ConfigDumper`)."""
+    return yaml.dump(tree, Dumper=_ConfigDumper, **options)
 
 
 def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
@@ -219,8 +244,9 @@ def _describe_path(path: Path) -> str:
     return "is not a regular file (a device, pipe or socket), not a YAML file"
 
 
-def read_yaml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
-    """A YAML mapping from ``path``; every failure is a ConfigError naming the file (and line)."""
+def read_yaml(path: str | Path, *, what: str = "config file", written_here: bool = False) -> dict[str, Any]:
+    """A YAML mapping from ``path``; every failure is a ConfigError naming the file (and line). ``written_here``: a file
+    bertpipe wrote (a run's config.yaml), read as it was written (:class:`_SavedConfigLoader`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {path} {_describe_path(path)}")
@@ -231,7 +257,7 @@ def read_yaml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
     except OSError as error:
         raise ConfigError(f"{what} {path} cannot be read: {error.strerror or error}") from error
     try:
-        tree = yaml.load(text, Loader=_UniqueKeyLoader)
+        tree = yaml.load(text, Loader=_SavedConfigLoader if written_here else _UniqueKeyLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(tree, dict):

@@ -47,10 +47,11 @@ def load_raw(data: DataConfig, *, text_columns: Iterable[str | None] = ()) -> Da
         check_files_exist(data.files)
         return load_local_files(data.files, data.encoding, label="data.files.", text_columns=text_columns)
     source = resolve_dataset(data.path)
-    files = plain_folder_files(source) if data.name is None else None
+    where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
+    with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
+        files = plain_folder_files(source) if data.name is None else None
     if files is not None:
         return load_local_files(files, data.encoding, label=f"data.path={data.path}, split ", text_columns=text_columns)
-    where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
     with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
         return datasets.load_dataset(source, data.name)
 
@@ -58,7 +59,8 @@ def load_raw(data: DataConfig, *, text_columns: Iterable[str | None] = ()) -> Da
 def plain_folder_files(source: str) -> dict[str, list[str]] | None:
     """The split files of a local folder of data files (``train.csv``, ``data/validation-0.tsv``, found by ``datasets``'
     own split-name patterns), when they are all of one format :func:`load_local_files` reads; None for a Hub id, a
-    dataset repository whose card configures its data (``configs`` in README.md), and any other folder.
+    dataset repository whose card configures its data or features (``configs``, ``dataset_info`` in README.md),
+    and any other folder.
 
     ``datasets.load_dataset(folder)`` reads csv with pandas' defaults: ``NA`` became a missing cell, ``true`` the
     label ``True``, and a plain tsv lost the quotes of ``"Hello" he said`` or ran a sentence opening a quote on over
@@ -86,7 +88,8 @@ def _card_configures_data(folder: Path) -> bool:
     if (folder / ".huggingface.yaml").is_file():
         return True
     readme = folder / "README.md"
-    return readme.is_file() and "configs" in DatasetCard.load(readme).data.to_dict()
+    # A card's dataset_info names the features (ClassLabel names), which datasets applies and plain files lack.
+    return readme.is_file() and bool({"configs", "dataset_info"} & set(DatasetCard.load(readme).data.to_dict()))
 
 
 def eval_split_files_only(data: DataConfig) -> DataConfig:

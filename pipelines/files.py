@@ -336,7 +336,8 @@ def _csv_columns_holding_words(paths_by_label: dict[str, list[str]], encoding: s
                     _check_unique_header(header, f"{label}: {path}")
                     open_columns = dict(enumerate(header))
                     for row in rows:
-                        if row and len(row) != len(header):
+                        # A line of spaces alone is blank to pandas too (skip_blank_lines), not a short row.
+                        if row and len(row) != len(header) and not (len(row) == 1 and is_blank(row[0])):
                             raise DataError(_ragged_row(f"{label}: {path}", rows.line_num, row, header, delimiter))
                         for index in [index for index in open_columns if index < len(row)]:
                             if row[index] and not _NUMBER.fullmatch(row[index]):
@@ -401,7 +402,9 @@ def _tsv_kind(path: Path, encoding: str) -> str | None:
     # A sentence-split dialogue ('"I will not go.' then 'Leave me."' on the next line) parses as csv quoting too,
     # one field swallowing the rows between its quotes; a quoted field that truly holds a line break leaves its
     # lines short of the header's fields.
-    return "plain" if spans_lines and len(widths) == 1 else "quoted"
+    # With one column every line is a whole row as it stands: nothing tells the two apart, so csv quoting, as written
+    # by pandas and friends, is read as before.
+    return "plain" if spans_lines and len(widths) == 1 and widths != {1} else "quoted"
 
 
 def _blame_file(error: Exception, builder: str, options: dict, paths_by_label: dict[str, list[str]], encoding: str) -> DataError:

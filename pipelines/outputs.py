@@ -30,7 +30,7 @@ import yaml
 
 from pipelines.atomic_writes import json_safe, open_beside, replacing_files, write_text_atomically
 from pipelines.config import RunConfig, is_model_option
-from pipelines.config_loading import read_yaml
+from pipelines.config_loading import dump_yaml, read_yaml
 from pipelines.errors import OutputDirError
 
 CONFIG_FILE = "config.yaml"
@@ -290,7 +290,7 @@ def save_tokenizer(tokenizer, run_dir: Path) -> None:
 
 
 def save_config(config: RunConfig, run_dir: str | Path) -> None:
-    write_text_atomically(Path(run_dir) / CONFIG_FILE, yaml.safe_dump(config.to_yaml_dict(), sort_keys=False))
+    write_text_atomically(Path(run_dir) / CONFIG_FILE, dump_yaml(config.to_yaml_dict(), sort_keys=False))
 
 
 def saved_config_path(run_dir: str | Path) -> str:
@@ -304,7 +304,7 @@ def load_saved_config(run_dir: str | Path) -> dict[str, Any]:
         raise OutputDirError(f"run directory {run_dir} {'is a file' if Path(run_dir).exists() else 'does not exist'}")
     if not path.is_file():
         raise OutputDirError(f"{run_dir} is not a bertpipe run directory (no {CONFIG_FILE})")
-    return read_yaml(path, what="run config")
+    return read_yaml(path, what="run config", written_here=True)
 
 
 class StepLog:

@@ -21,7 +21,7 @@ except ImportError:  # the [sweep] extra; run_sweep says how to install it
     optuna = None
 
 from pipelines.atomic_writes import write_text_atomically
-from pipelines.config_loading import load_config
+from pipelines.config_loading import dump_yaml, load_config
 from pipelines.outputs import CONFIG_FILE, save_figure
 from pipelines.sweep.plan import BEST_CONFIG_FILE, BEST_RUN_DIR, REPORT_FILE, SweepPlan
 from pipelines.sweep.space import OptionsLookup
@@ -141,7 +141,7 @@ def write_best_config(best, plan: SweepPlan, path: Path, options_for: OptionsLoo
         "# The complete config of that trial; the same seed, precision and thread count reproduce its metric.\n"
     )
     # Written beside and renamed over: a full disk or Ctrl-C mid-write left the last run's best.yaml cut short.
-    write_text_atomically(path, header + yaml.safe_dump(tree, sort_keys=False))
+    write_text_atomically(path, header + dump_yaml(tree, sort_keys=False))
     return path
 
 

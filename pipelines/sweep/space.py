@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import yaml
 from pydantic import BaseModel
 
 from pipelines.config import ConfigError, RunConfig, TaskOptions, flatten_tree, section_type
-from pipelines.config_loading import Origin, apply_overrides, load_config, read_yaml
+from pipelines.config_loading import Origin, apply_overrides, dump_yaml, load_config, read_yaml
 
 OptionsLookup = Callable[[str], type[TaskOptions]]
 
@@ -120,7 +119,7 @@ def yaml_scalar(value: Any) -> str:
 
     ``str(1e-05)`` would not do: PyYAML reads ``1e-05`` (no dot) as a string.
     """
-    return yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()[1:-1]
+    return dump_yaml([value], default_flow_style=True, width=10**6).strip()[1:-1]
 
 
 # ----- reading and checking a space ------------------------------------------------------------------

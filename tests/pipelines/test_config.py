@@ -288,6 +288,20 @@ def test_config_floats_are_read_as_yaml_1_2_reads_them(tmp_path):
         load_config(in_file, ["train.learning_rate=1:30.0"], options_for)
 
 
+def test_config_strings_that_read_as_numbers_are_written_quoted_and_old_run_configs_read_as_written(tmp_path):
+    # A run's config.yaml held `revision: 4501e23` (a commit) bare, a string to the YAML 1.1 writer and a float to
+    # the YAML 1.2 reader: evaluate and predict refused the run's own config.
+    from pipelines.config_loading import dump_yaml
+
+    tree = {"model": {"revision": "4501e23"}, "hub": {"tags": ["0o17", ".5", "1e5", "no", "plain"]}, "train": {"learning_rate": 1e-05}}
+    written = dump_yaml(tree, sort_keys=False)
+    assert "'4501e23'" in written and "'1e5'" in written and "1.0e-05" in written
+    (tmp_path / "run.yaml").write_text(written)
+    assert read_yaml(tmp_path / "run.yaml") == tree == read_yaml(tmp_path / "run.yaml", written_here=True)
+    (tmp_path / "old.yaml").write_text("model:\n  revision: 4501e23\ntrain:\n  learning_rate: 1.0e-05\n")  # as PyYAML wrote it
+    assert read_yaml(tmp_path / "old.yaml", written_here=True) == {"model": {"revision": "4501e23"}, "train": {"learning_rate": 1e-05}}
+
+
 def test_config_a_setting_given_twice_on_the_command_line_is_refused():
     # The last one won silently, as a key given twice in a YAML file would (refused there too).
     from pipelines.config_loading import refuse_repeated_overrides

@@ -263,6 +263,30 @@ def test_data_local_folder_is_read_by_the_same_rules_as_data_files(tmp_path):
         load_raw(DataConfig(path=str(tmp_path / "tsvdir")))
 
 
+def test_data_one_column_tsv_with_csv_quoting_and_lines_of_spaces_read_as_before(tmp_path):
+    # With one column every line is a whole row: pandas' quoting (a field with a line break, doubled quotes) was
+    # read as plain text, four rows for three. A line of spaces in a csv is blank to pandas, not a short row.
+    one = tmp_path / "corpus.tsv"
+    one.write_text('text\n"first line\nsecond line"\n"He said ""hi"""\nplain sentence\n')
+    assert load_raw(DataConfig(files={"train": str(one)}))["train"]["text"] == ["first line\nsecond line", 'He said "hi"', "plain sentence"]
+    spaced = tmp_path / "train.csv"
+    spaced.write_text("text,label\ngood film,pos\n   \nbad film,neg\n")
+    assert load_raw(DataConfig(files={"train": str(spaced)}))["train"]["text"] == ["good film", "bad film"]
+
+
+def test_data_folder_whose_card_names_features_or_does_not_parse_goes_to_datasets(tmp_path):
+    # A card's dataset_info (ClassLabel names) was dropped by reading the files alone: predictions said "1", not "pos".
+    folder = tmp_path / "labelled"
+    folder.mkdir()
+    (folder / "train.csv").write_text("text,label\ngood film,1\nbad film,0\n")
+    (folder / "README.md").write_text("---\ndataset_info:\n  features:\n  - name: text\n    dtype: string\n  - name: label\n"
+                                      "    dtype:\n      class_label:\n        names:\n          '0': neg\n          '1': pos\n---\n")
+    assert load_raw(DataConfig(path=str(folder)))["train"].features["label"].names == ["neg", "pos"]
+    (folder / "README.md").write_text("---\nlicense: [mit\n---\n")  # a traceback, exit status 1
+    with pytest.raises(DataError, match=rf"^data.path={folder}: cannot load the dataset from {folder}"):
+        load_raw(DataConfig(path=str(folder)))
+
+
 def test_data_file_rewritten_with_its_old_modification_time_is_read_again(tmp_path):
     # datasets keys a local file's cache by path and modification time: a file replaced with the same name and
     # time (cp -p, rsync -t, an unpacked archive) was read as the old rows.
