@@ -26,6 +26,7 @@ from datasets import Dataset
 from torch.utils.data import DataLoader, Sampler
 
 from pipelines.config import TRAINER_LENGTH_GROUP_BATCHES
+from pipelines.errors import ModelError, failures_named
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +295,11 @@ def exact_eval_batch_size(predict_step: Callable, model: torch.nn.Module, collat
         return batch_size
     # Probed with a batch size of 1 too: the probe is also what finds a model that rewrites itself in a
     # forward pass (and makes it run as loaded from then on), which one example per batch does not prevent.
-    change = padding_change(predict_step, model, collator, features)
+    family = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    # The first forward passes of a run: a family that cannot run these inputs at all (Nystromformer runs inputs of
+    # exactly segment_means_seq_len pieces) ended here in a traceback.
+    with failures_named(ModelError, f"{where}: the {family} model cannot run these inputs"):
+        change = padding_change(predict_step, model, collator, features)
     if accelerator is not None and accelerator.num_processes > 1:
         # Each process probes alike, but a change near the tolerance can round to either side of it; processes
         # that chose different eval batch sizes would wait for each other's collectives forever.

@@ -258,3 +258,22 @@ def test_cli_a_model_built_here_is_refused_when_its_vocabulary_or_padding_is_not
         assert message in result.stderr, result.stderr[-2000:]
         assert not (tmp_path / "run").exists()
     run_cli("train", str(config), *scratch, f"model.architecture={{vocab_size: {len(tokenizer)}, {shape}}}")
+
+
+def test_cli_a_family_that_cannot_run_the_inputs_exits_2_naming_it(tmp_path, tiny_bert, sentiment_files):
+    """Nystromformer runs inputs of exactly segment_means_seq_len pieces: its first forward pass (the padding probe)
+    ended in a RuntimeError traceback, exit status 1."""
+    from transformers import AutoTokenizer, NystromformerConfig, NystromformerForSequenceClassification
+
+    checkpoint = tmp_path / "nystromformer"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    NystromformerForSequenceClassification(NystromformerConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=64, segment_means_seq_len=8, num_landmarks=4,
+    )).save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    config = classification_config(tmp_path, checkpoint, sentiment_files, max_steps=2, mixed_precision="no")
+    result = run_cli("train", str(config), check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "the nystromformer model cannot run these inputs: RuntimeError" in result.stderr
+    assert not any((tmp_path / "run").glob("*"))

@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from pipelines.errors import DataError
+
 IGNORE_INDEX = -100
 
 
@@ -101,6 +103,8 @@ def tokenize_and_align(
         for word in pieces.word_ids(position):
             if word is not None:
                 counts[word] += 1
+        if label2id is not None:
+            _refuse_entity_words_without_pieces(words, batch["tags"][position], counts, (batch.get("location") or [None] * len(sentences))[position])
         for start, end in word_windows(counts, budget, stride):
             window_words_.append(words[start:end])
             window_example.append(position)
@@ -120,6 +124,15 @@ def tokenize_and_align(
             word_labels = [label2id[tag] for tag in batch["tags"][position][offset : offset + len(window_words_[window])]]
             encoded["labels"].append(align_labels(word_ids, word_labels, label_all_tokens=label_all_tokens, b_to_i=b_to_i))
     return encoded
+
+
+def _refuse_entity_words_without_pieces(words: list[str], tags: list[str], counts: list[int], location: str | None) -> None:
+    """A DataError naming the sentence when a word tagged as part of an entity gives the tokenizer no piece (BERT's
+    drops U+FFFD and a lone combining mark): no model could predict its tag, and the entity was counted as missed."""
+    for index, (word, tag, count) in enumerate(zip(words, tags, counts)):
+        if count == 0 and tag != "O":
+            raise DataError(f"{location or 'a sentence'}: word {index} {word!r} is tagged {tag!r} but the tokenizer gives it no "
+                            "piece, so no model can predict it; tag it O, or drop the word")
 
 
 def select_word_predictions(

@@ -56,6 +56,23 @@ def tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(folder)
 
 
+def test_ner_an_entity_word_the_tokenizer_gives_no_piece_is_refused_naming_its_sentence(tokenizer):
+    # BERT's tokenizer drops U+FFFD and a lone combining mark: tagged B-MISC, the word could never be predicted and
+    # the entity was counted as missed, without a word. Tagged O, it is left out of the windows as before.
+    for word in ("\ufffd", "\u0301"):
+        assert tokenizer(word, add_special_tokens=False)["input_ids"] == []
+        with pytest.raises(DataError, match=rf"^train.txt:4: word 3 '{word}' is tagged 'B-MISC' but the tokenizer gives it no piece"):
+            tokenize_and_align(
+                {"tokens": [["the", "man", "saw", word, "today"]], "tags": [["O", "O", "O", "B-MISC", "O"]], "location": ["train.txt:4"]},
+                [0], tokenizer=tokenizer, max_length=64, stride=8, label2id=L, label_all_tokens=False, b_to_i=b_to_i_map(LABELS),
+            )
+    features = tokenize_and_align(
+        {"tokens": [["the", "\ufffd", "today"]], "tags": [["O", "O", "O"]], "location": ["train.txt:9"]},
+        [0], tokenizer=tokenizer, max_length=64, stride=8, label2id=L, label_all_tokens=False, b_to_i=b_to_i_map(LABELS),
+    )
+    assert [w for w in features["word_index"][0] if w >= 0] == [0, 2]
+
+
 def test_ner_tokenize_and_align_labels_each_word_once_on_real_word_pieces(tokenizer):
     words = ["Storyfilmwarm", "visited", "Brightplotville", "on", "monday"]  # rare words break into several pieces
     tags = ["B-PER", "O", "B-LOC", "O", "O"]
