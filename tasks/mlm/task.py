@@ -62,6 +62,19 @@ def _no_text(data: DataConfig, split: str, rows: int) -> DataError:
 
 
 # ----- the task -------------------------------------------------------------------------------
+def _check_words_are_split(texts: list[str], word_ids: list[list[int | None]], tokenizer) -> None:
+    """A ConfigError when the tokenizer's ``word_ids()`` holds a row of several words as one word: a tokenizer whose
+    normalizer turns spaces into ``▁`` before its pre-tokenizer (Gemma's, Llama 2's) numbers every token of a row 0,
+    and whole-word masking masked whole rows or nothing, without a word."""
+    for text, ids in zip(texts, word_ids):
+        if len(text.split()) > 1 and len({word for word in ids if word is not None}) == 1:
+            raise ConfigError(
+                f"mlm.whole_word_mask=true: the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} does not split "
+                f"words before cutting pieces (word_ids() holds {text[:40]!r} as one word), so a whole word would be a "
+                "whole row; set mlm.whole_word_mask=false"
+            )
+
+
 class MlmTask(TaskBase):
     name: ClassVar[str] = "mlm"
     Options: ClassVar[type[TaskOptions]] = MlmOptions
@@ -295,7 +308,10 @@ class MlmTask(TaskBase):
         length = self.config.data.max_seq_length
         split = self.config.data.train_split if train else self.config.data.eval_split
         columns: dict[str, list] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "special_tokens_mask": [], "word_ids": []}
-        word_rows = number_words([encoded.word_ids(i) for i in range(len(texts))])
+        word_ids = [encoded.word_ids(i) for i in range(len(texts))]
+        if self.options.whole_word_mask:
+            _check_words_are_split(texts, word_ids, tokenizer)
+        word_rows = number_words(word_ids)
         if self.options.next_sentence_prediction:
             rng = np.random.default_rng([self.config.seed, 0 if train else 1])
             columns["next_sentence_label"] = []

@@ -652,3 +652,30 @@ def test_mlm_held_out_documents_raise_no_warning_that_validation_fraction_was_un
     with caplog.at_level(logging.WARNING):
         splits = task.load()
     assert len(splits["validation"]) > 0 and "validation_fraction" not in caplog.text
+
+
+def test_mlm_whole_word_mask_refuses_a_tokenizer_that_holds_a_row_as_one_word():
+    # Gemma's (and Llama 2's) normalizer turns spaces into "▁" before the pre-tokenizer, so word_ids() numbered every
+    # token of a row 0: whole-word masking masked whole rows or nothing, without a word.
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer
+
+    from pipelines.config import ConfigError
+    from tasks.mlm.task import _check_words_are_split
+
+    texts = ["the man visited paris today", "a film was good", "the man met a man"] * 20
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="▁", behavior="merged_with_next")
+    backend.train_from_iterator(["▁" + text for text in texts], trainers.BpeTrainer(vocab_size=80, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"]))
+    model = json.loads(backend.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    gemma = GemmaTokenizer(vocab=model["vocab"], merges=merges)
+    encoded = gemma(texts[:2], add_special_tokens=False)
+    word_ids = [encoded.word_ids(i) for i in range(2)]
+    assert {word for word in word_ids[0] if word is not None} == {0}  # the whole row one "word"
+    with pytest.raises(ConfigError, match=r"^mlm.whole_word_mask=true: the tokenizer .* holds 'the man visited paris today' as one word"):
+        _check_words_are_split(texts[:2], word_ids, gemma)
+    _check_words_are_split(["the man", "paris"], [[0, 1], [0, 0]], gemma)  # words apart, or one word alone: fine
