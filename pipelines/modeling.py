@@ -89,18 +89,43 @@ def encode_words_as_in_running_text(tokenizer: PreTrainedTokenizerBase) -> PreTr
     ``add_prefix_space`` is also recorded in the tokenizer's init arguments, because model-specific
     classes (``RobertaTokenizer``) rebuild their pre-tokenizer from it when the run directory is loaded.
     WordPiece and Metaspace (Unigram) tokenizers already split words alike either way: unchanged.
-    Returns ``tokenizer`` (changed in place).
+    Returns ``tokenizer`` (changed in place); a ModelError when words handed over one by one still get other pieces
+    than the same words mid-sentence (checked on a probe sentence), as Llama 3's and Gemma's tokenizers give them.
     """
-    from tokenizers import pre_tokenizers, processors
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return tokenizer
+    running_text = _pieces(tokenizer, " " + _WORDS_PROBE)  # as the words come mid-sentence, before any change
+    _give_words_their_prefix_space(tokenizer, backend)
+    split_words = _pieces(tokenizer, _WORDS_PROBE.split())
+    if split_words != running_text:
+        raise ModelError(
+            f"the tokenizer of {getattr(tokenizer, 'name_or_path', '') or 'the model'} cuts words handed over one by one "
+            f"into other pieces than running text ({split_words[:8]} against {running_text[:8]} for {_WORDS_PROBE[:30]!r}), "
+            "pieces its pretraining never saw: this tokenizer kind (a Split pre-tokenizer before byte-level BPE, as Llama 3's; "
+            "spaces turned into '▁' by the normalizer, as Gemma's) cannot read the pre-split words this task reads"
+        )
+    return tokenizer
+
+
+# Words a tokenizer may cut differently alone than in running text: an apostrophe, digits, punctuation, rare names.
+_WORDS_PROBE = "Marguerite's film in 1996 was good, said Anastasia Kowalski."
+
+
+def _pieces(tokenizer: PreTrainedTokenizerBase, text: str | list[str]) -> list[str]:
+    ids = tokenizer(text, is_split_into_words=isinstance(text, list), add_special_tokens=False)["input_ids"]
+    return tokenizer.convert_ids_to_tokens(ids)
+
+
+def _give_words_their_prefix_space(tokenizer: PreTrainedTokenizerBase, backend) -> None:
+    """Byte-level pre-tokenizers add the space before every word (see :func:`encode_words_as_in_running_text`)."""
+    from tokenizers import pre_tokenizers, processors
+
     pre = backend.pre_tokenizer
     parts = [pre[index] for index in range(len(_sequence_items(pre)))] if isinstance(pre, pre_tokenizers.Sequence) else [pre]
     byte_level = [part for part in parts if isinstance(part, pre_tokenizers.ByteLevel)]
     if not byte_level or all(part.add_prefix_space for part in byte_level):
-        return tokenizer
+        return
     for part in byte_level:
         part.add_prefix_space = True
     post = backend.post_processor
@@ -110,7 +135,6 @@ def encode_words_as_in_running_text(tokenizer: PreTrainedTokenizerBase) -> PreTr
         backend.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=True, add_prefix_space=True), post])
     tokenizer.add_prefix_space = True
     tokenizer.init_kwargs["add_prefix_space"] = True
-    return tokenizer
 
 
 def _sequence_items(sequence) -> list:

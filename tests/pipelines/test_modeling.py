@@ -331,3 +331,42 @@ def test_modeling_usable_positions_leave_out_the_positions_before_the_padding_in
         sizes["attention_window"] = 4
     config = AutoConfig.for_model(model_type, **sizes)
     assert usable_positions(config) == 40 - position_offset(AutoModel.from_config(config))
+
+
+def _llama3_style_tokenizer():
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    split = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.train_from_iterator(["Marguerite's film in 1996 was good, said Anastasia Kowalski."] * 5,
+                                trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>")
+
+
+def _gemma_style_tokenizer():
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="▁", behavior="merged_with_next")
+    backend.train_from_iterator(["▁Marguerite's film in 1996 was good, said Anastasia Kowalski."] * 5,
+                                trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<unk>"]))
+    model = json.loads(backend.to_str())["model"]
+    return GemmaTokenizer(vocab=model["vocab"], merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]])
+
+
+@pytest.mark.parametrize("build", [_llama3_style_tokenizer, _gemma_style_tokenizer], ids=["llama3", "gemma"])
+def test_modeling_words_a_tokenizer_cuts_otherwise_alone_than_in_running_text_are_refused(build):
+    # Llama 3's Split before byte-level BPE got a prefix space per split ("ĠMarguerite Ġ 's"), and Gemma's normalizer
+    # turns spaces into "▁" that words handed over alone never have ("m an"): NER trained on pieces pretraining never saw.
+    from pipelines.errors import ModelError
+    from pipelines.modeling import encode_words_as_in_running_text
+
+    with pytest.raises(ModelError, match=r"cuts words handed over one by one into other pieces than running text"):
+        encode_words_as_in_running_text(build())
