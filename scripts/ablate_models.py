@@ -63,10 +63,11 @@ def selected_variants(only: list[str], skip: list[str]) -> list[str]:
     return chosen
 
 
-def run_variant(config: str, name: str, changes: dict[str, str], out: Path, args: argparse.Namespace) -> dict:
-    run_dir = run_dir_of(name, out)
-    overrides = [
-        "model.model_type=bertpipe_bert", f"output_dir={run_dir}", "overwrite=true", f"seed={args.seed}",
+def variant_overrides(name: str, changes: dict[str, str], out: Path, args: argparse.Namespace) -> list[str]:
+    """The command line of a variant's run: the script's settings, then ``--set``, then the variant's own keys, a
+    later one of the same key replacing an earlier one (`bertpipe train` refuses a key given twice)."""
+    layered = [
+        "model.model_type=bertpipe_bert", f"output_dir={run_dir_of(name, out)}", "overwrite=true", f"seed={args.seed}",
         f"train.max_steps={args.max_steps}", f"train.batch_size={args.batch_size}", "train.eval_steps=null",
         f"train.warmup_steps={max(1, args.max_steps // 10)}",
         # Shared changes first: a whole `model.architecture={...}` must not replace the variant's key.
@@ -74,6 +75,16 @@ def run_variant(config: str, name: str, changes: dict[str, str], out: Path, args
         *(f"model.architecture.{key}={value}" for key, value in changes.items()),
         *([f"train.torch_num_threads={args.threads}"] if args.threads else []),
     ]
+    by_key: dict[str, str] = {}
+    for override in layered:
+        key = override.split("=", 1)[0].strip()
+        by_key.pop(key, None)
+        by_key[key] = override
+    return list(by_key.values())
+
+
+def run_variant(config: str, name: str, changes: dict[str, str], out: Path, args: argparse.Namespace) -> dict:
+    overrides = variant_overrides(name, changes, out, args)
     subprocess.run(
         [sys.executable, "-m", "tasks.cli", "train", config, *overrides], cwd=REPO_ROOT, check=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.DEVNULL,

@@ -41,3 +41,18 @@ def test_report_only_tabulates_the_finished_runs_in_variant_order(tmp_path):
                     "| pre-norm | 512.5 | 0.131 | 1500 |"]
     assert "200 updates" in table and "`data.max_seq_length=64`" in table and "1 torch thread(s) per run" in table
     assert (tmp_path / "ablation.png").stat().st_size > 0
+
+
+def test_a_variants_command_line_gives_each_key_once_the_later_layer_winning(tmp_path):
+    # bertpipe train refuses a key given twice; the script layers its settings, --set and the variant's keys.
+    import argparse
+
+    from pipelines.config_loading import refuse_repeated_overrides
+
+    args = argparse.Namespace(seed=1, max_steps=100, batch_size=8, threads=1,
+                              set=["train.max_steps=5", "model.architecture.num_hidden_layers=2", "data.max_seq_length=64"])
+    overrides = ablate_models.variant_overrides("pre-norm", {"num_hidden_layers": "4"}, tmp_path, args)
+    refuse_repeated_overrides(overrides)
+    assert "train.max_steps=5" in overrides and "train.max_steps=100" not in overrides
+    assert "model.architecture.num_hidden_layers=4" in overrides and "model.architecture.num_hidden_layers=2" not in overrides
+    assert "data.max_seq_length=64" in overrides and "train.torch_num_threads=1" in overrides
