@@ -166,36 +166,34 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
+
+def _read_tag_as(loader: type[yaml.SafeLoader], base: type[yaml.SafeLoader], tag: str, pattern: re.Pattern, first: str) -> None:
+    """``loader`` resolves plain scalars as ``base`` does, except ``tag``, which only ``pattern`` gives (scalars starting
+    with a character of ``first``)."""
+    loader.yaml_implicit_resolvers = {
+        start: [(other, regex) for other, regex in resolvers if other != tag] for start, resolvers in base.yaml_implicit_resolvers.items()
+    }
+    loader.add_implicit_resolver(tag, pattern, list(first))
+
+
 # Booleans as YAML 1.2 reads them: only true/false. YAML 1.1 also reads yes/no/on/off, so the language
 # code ``no`` (Norwegian), a config name ``on`` or a split ``off`` arrived as booleans that a text setting
 # refused; a boolean setting still takes yes/no/on/off, which pydantic reads as booleans.
 _BOOL_TAG = "tag:yaml.org,2002:bool"
-_UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_UniqueKeyLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_read_tag_as(_UniqueKeyLoader, yaml.SafeLoader, _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), "tTfF")
 
 # Integers as YAML 1.2 reads them: YAML 1.1 reads a leading zero as octal and colons as base 60, so
 # ``eval_steps: 0500`` was 320 and ``1:30`` was 90. Decimal (underscores allowed, as before), 0x hex, 0o octal.
 _INT_TAG = "tag:yaml.org,2002:int"
-_UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT_TAG]
-    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
-}
 _YAML_1_2_INT = re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$")
-_UniqueKeyLoader.add_implicit_resolver(_INT_TAG, _YAML_1_2_INT, list("-+0123456789"))
-
+_read_tag_as(_UniqueKeyLoader, _UniqueKeyLoader, _INT_TAG, _YAML_1_2_INT, "-+0123456789")
 
 # Floats as YAML 1.2 reads them: YAML 1.1 needs a dot before an exponent (``1e-5`` was the string "1e-5", and
 # ``train.max_steps=1e3`` was refused) and reads colons as base 60 (``1:30.0`` was 90.0). No underscores either.
 _FLOAT_TAG = "tag:yaml.org,2002:float"
-_UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != _FLOAT_TAG]
-    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
-}
+_NUMBER_STARTS = "-+0123456789."
 _YAML_1_2_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
-_UniqueKeyLoader.add_implicit_resolver(_FLOAT_TAG, _YAML_1_2_FLOAT, list("-+0123456789."))
+_read_tag_as(_UniqueKeyLoader, _UniqueKeyLoader, _FLOAT_TAG, _YAML_1_2_FLOAT, _NUMBER_STARTS)
 
 
 class _SavedConfigLoader(_UniqueKeyLoader):
@@ -203,14 +201,8 @@ class _SavedConfigLoader(_UniqueKeyLoader):
     PyYAML's writer left ``revision: 4501e23`` (a commit) unquoted, a string under YAML 1.1, and so it is read here."""
 
 
-_SavedConfigLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != _FLOAT_TAG]
-    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
-}
-for _first, _resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items():
-    for _tag, _pattern in _resolvers:
-        if _tag == _FLOAT_TAG:
-            _SavedConfigLoader.add_implicit_resolver(_tag, _pattern, [_first])
+_YAML_1_1_FLOAT = next(regex for resolvers in yaml.SafeLoader.yaml_implicit_resolvers.values() for tag, regex in resolvers if tag == _FLOAT_TAG)
+_read_tag_as(_SavedConfigLoader, _UniqueKeyLoader, _FLOAT_TAG, _YAML_1_1_FLOAT, _NUMBER_STARTS)
 
 
 class _ConfigDumper(yaml.SafeDumper):
@@ -218,7 +210,7 @@ class _ConfigDumper(yaml.SafeDumper):
     ``4501e23`` or ``0o17`` is a number to YAML 1.2, not to the YAML 1.1 writer, which left it bare."""
 
 
-_ConfigDumper.add_implicit_resolver(_FLOAT_TAG, _YAML_1_2_FLOAT, list("-+0123456789."))
+_ConfigDumper.add_implicit_resolver(_FLOAT_TAG, _YAML_1_2_FLOAT, list(_NUMBER_STARTS))
 _ConfigDumper.add_implicit_resolver(_INT_TAG, _YAML_1_2_INT, list("-+0123456789"))
 
 

@@ -50,10 +50,9 @@ def load_raw(data: DataConfig, *, text_columns: Iterable[str | None] = ()) -> Da
     where = f"data.path={data.path}" + (f", data.name={data.name}" if data.name else "")
     with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
         files = plain_folder_files(source) if data.name is None else None
-    if files is not None:
-        return load_local_files(files, data.encoding, label=f"data.path={data.path}, split ", text_columns=text_columns)
-    with failures_named(DataError, f"{where}: cannot load the dataset from {source}"):
-        return datasets.load_dataset(source, data.name)
+        if files is None:
+            return datasets.load_dataset(source, data.name)
+    return load_local_files(files, data.encoding, label=f"data.path={data.path}, split ", text_columns=text_columns)
 
 
 def plain_folder_files(source: str) -> dict[str, list[str]] | None:
