@@ -78,56 +78,110 @@ def load_tokenizer(name_or_path: str, revision: str | None = None, *, require_fa
 def encode_words_as_in_running_text(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Make pre-split words (``is_split_into_words``) tokenise as the same words do in running text.
 
-    Byte-level BPE (RoBERTa, BART, ModernBERT, GPT-2 style) marks a word that follows a space with
-    ``Ġ``; words handed over one by one have no space before them, so ``["Alice", "visited"]`` became
-    ``A lice v is ited`` (pieces pretraining never saw) while raw text given to ``pipeline()`` became
-    ``ĠAlice Ġvisited``. The fix is made on the backend, where every class honours it, including the
-    generic ``PreTrainedTokenizerFast`` that ignores an ``add_prefix_space`` argument: the byte-level
-    pre-tokenizer adds the prefix space (every word, the first of a text too, gets its ``Ġ``), the
-    offset-trimming processors know of it, and a post-processor that does not trim offsets (ModernBERT's
-    template) gets byte-level offset trimming so that no offset covers the space before a word.
-    ``add_prefix_space`` is also recorded in the tokenizer's init arguments, because model-specific
-    classes (``RobertaTokenizer``) rebuild their pre-tokenizer from it when the run directory is loaded.
-    WordPiece and Metaspace (Unigram) tokenizers already split words alike either way: unchanged.
-    Returns ``tokenizer`` (changed in place); a ModelError when words handed over one by one still get other pieces
-    than the same words mid-sentence (checked on a probe sentence), as Llama 3's and Gemma's tokenizers give them.
+    Every word is encoded as it is mid-sentence, after a space. Byte-level BPE (RoBERTa, BART, ModernBERT,
+    GPT-2 style) marks a word that follows a space with ``Ġ``; words handed over one by one have no space
+    before them, so ``["Alice", "visited"]`` became ``A lice v is ited`` (pieces pretraining never saw)
+    while raw text given to ``pipeline()`` became ``ĠAlice Ġvisited``. Two fixes, made on the backend
+    where every class honours them, tried in turn on a probe sentence (words alone against the same
+    words after a first one):
+      * the byte-level pre-tokenizer adds the prefix space (RoBERTa, BART, ModernBERT): every word, the
+        first of a text too, gets its ``Ġ``; the offset-trimming processors know of it, and a
+        post-processor that does not trim offsets (ModernBERT's template) gets byte-level offset trimming
+        so that no offset covers the space before a word. ``add_prefix_space`` is also recorded in the
+        init arguments, because model-specific classes (``RobertaTokenizer``) rebuild their pre-tokenizer
+        from it when the run directory is loaded;
+      * where a pre-tokenizer splits before the byte-level step (Llama 3's regex ``Split``, so a prefix
+        space per split gave ``ĠMarguerite Ġ's``) or the normalizer turns spaces into ``▁`` (Gemma's
+        ``Replace``), a ``Prepend(" ")`` normalizer gives each word the space it has mid-sentence; the
+        added space is aligned with the word's first character, so no offset leaves the word. A class
+        that rebuilds its normalizer on load (``GemmaTokenizer``) loses it, which is why the NER
+        ``pipeline()`` applies this function to the tokenizer it loads, as predict does.
+    WordPiece and Metaspace (Unigram) tokenizers already split words alike either way: unchanged, as is a
+    tokenizer already fixed (a run directory's). Returns ``tokenizer`` (changed in place); a ModelError
+    when words handed over one by one still get other pieces than mid-sentence (BPE merges across spaces).
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return tokenizer
-    running_text = _pieces(tokenizer, " " + _WORDS_PROBE)  # as the words come mid-sentence, before any change
-    _give_words_their_prefix_space(tokenizer, backend)
-    split_words = _pieces(tokenizer, _WORDS_PROBE.split())
-    if split_words != running_text:
+    words = _WORDS_PROBE.split()
+    # Before any change, as pretraining saw them; the backend's own pieces pick the fix, the class's are checked last.
+    mid_sentence = _pieces_after_a_first_word(tokenizer, _WORDS_PROBE)
+    backend_mid_sentence = _pieces_after_a_first_word(backend, _WORDS_PROBE)
+    if _word_pieces(backend, words) != backend_mid_sentence:
+        if _word_pieces(_with_byte_level_prefix_space(_copy(backend)), words) == backend_mid_sentence:
+            _give_words_their_prefix_space(tokenizer, backend)
+        elif _word_pieces(_with_space_prepended(_copy(backend)), words) == backend_mid_sentence:
+            _with_space_prepended(backend)
+    split_words = _pieces(tokenizer, words)
+    if split_words != mid_sentence:
         raise ModelError(
             f"the tokenizer of {getattr(tokenizer, 'name_or_path', '') or 'the model'} cuts words handed over one by one "
-            f"into other pieces than running text ({split_words[:8]} against {running_text[:8]} for {_WORDS_PROBE[:30]!r}), "
-            "pieces its pretraining never saw: this tokenizer kind (a Split pre-tokenizer before byte-level BPE, as Llama 3's; "
-            "spaces turned into '▁' by the normalizer, as Gemma's) cannot read the pre-split words this task reads"
+            f"into other pieces than running text ({split_words[:8]} against {mid_sentence[:8]} for {_WORDS_PROBE[:30]!r}), "
+            "pieces its pretraining never saw, however each word is given its space (its BPE merges pieces across spaces): "
+            "it cannot read the pre-split words this task reads"
         )
     return tokenizer
 
 
 # Words a tokenizer may cut differently alone than in running text: an apostrophe, digits, punctuation, rare names.
 _WORDS_PROBE = "Marguerite's film in 1996 was good, said Anastasia Kowalski."
+_FIRST_WORD = "x "
 
 
-def _pieces(tokenizer: PreTrainedTokenizerBase, text: str | list[str]) -> list[str]:
-    ids = tokenizer(text, is_split_into_words=isinstance(text, list), add_special_tokens=False)["input_ids"]
+def _pieces(tokenizer: PreTrainedTokenizerBase, words: list[str]) -> list[str]:
+    ids = tokenizer(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]
     return tokenizer.convert_ids_to_tokens(ids)
+
+
+def _word_pieces(backend, words: list[str]) -> list[str]:
+    return backend.encode(words, is_pretokenized=True, add_special_tokens=False).tokens
+
+
+def _pieces_after_a_first_word(tokenizer, text: str) -> list[str]:
+    """The pieces of ``text`` placed after a first word and a space, so that its own first word is mid-sentence too
+    (``tokenizer``: a transformers tokenizer or its backend)."""
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        encoding = tokenizer(_FIRST_WORD + text, add_special_tokens=False, return_offsets_mapping=True)
+        pieces, offsets = tokenizer.convert_ids_to_tokens(encoding["input_ids"]), encoding["offset_mapping"]
+    else:
+        encoding = tokenizer.encode(_FIRST_WORD + text, add_special_tokens=False)
+        pieces, offsets = encoding.tokens, encoding.offsets
+    return [piece for piece, (_, end) in zip(pieces, offsets) if end > len(_FIRST_WORD) - 1]
+
+
+def _copy(backend):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(backend.to_str())
+
+
+def _with_byte_level_prefix_space(backend):
+    for part in _byte_level_parts(backend):
+        part.add_prefix_space = True
+    return backend
+
+
+def _with_space_prepended(backend):
+    from tokenizers import normalizers
+
+    current = backend.normalizer
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(" "), current]) if current is not None else normalizers.Prepend(" ")
+    return backend
+
+
+def _byte_level_parts(backend) -> list:
+    from tokenizers import pre_tokenizers
+
+    pre = backend.pre_tokenizer
+    parts = [pre[index] for index in range(len(_sequence_items(pre)))] if isinstance(pre, pre_tokenizers.Sequence) else [pre]
+    return [part for part in parts if isinstance(part, pre_tokenizers.ByteLevel)]
 
 
 def _give_words_their_prefix_space(tokenizer: PreTrainedTokenizerBase, backend) -> None:
     """Byte-level pre-tokenizers add the space before every word (see :func:`encode_words_as_in_running_text`)."""
-    from tokenizers import pre_tokenizers, processors
+    from tokenizers import processors
 
-    pre = backend.pre_tokenizer
-    parts = [pre[index] for index in range(len(_sequence_items(pre)))] if isinstance(pre, pre_tokenizers.Sequence) else [pre]
-    byte_level = [part for part in parts if isinstance(part, pre_tokenizers.ByteLevel)]
-    if not byte_level or all(part.add_prefix_space for part in byte_level):
-        return
-    for part in byte_level:
-        part.add_prefix_space = True
+    _with_byte_level_prefix_space(backend)
     post = backend.post_processor
     if isinstance(post, (processors.RobertaProcessing, processors.ByteLevel)):
         post.add_prefix_space = True

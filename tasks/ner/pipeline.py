@@ -45,6 +45,7 @@ from transformers.pipelines.token_classification import AggregationStrategy, Tok
 
 from pipelines.batching import undo_rewrites_after_each_call
 from pipelines.graphemes import grapheme_boundaries, visible_span
+from pipelines.modeling import encode_words_as_in_running_text
 from tasks.ner.entities import is_chunk_tag_set, join_words, sentence_entities, split_words, word_records, word_tags
 from tasks.ner.task import PIPELINE_TASK, WORD_AGGREGATION, NerOptions, piece_predictions
 from tasks.ner.windows import encode_word_windows, select_word_predictions
@@ -65,6 +66,10 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
             # Each forward pass of a bertpipe run on the model as loaded, as predict runs it: BigBird switches
             # itself to full attention for good on its first input too short for blocks.
             undo_rewrites_after_each_call(self.model)
+            if self.tokenizer is not None and self.tokenizer.is_fast:
+                # Words pre-split as predict encodes them: a class that rebuilds its normalizer on load
+                # (GemmaTokenizer) lost the space the run gave each word; a run folder's own tokenizer is unchanged.
+                encode_words_as_in_running_text(self.tokenizer)
 
     def _run_defaults(self) -> dict[str, Any]:
         return (getattr(self.model.config, "task_specific_params", None) or {}).get(PIPELINE_TASK, {})
@@ -131,6 +136,9 @@ class WordTokenClassificationPipeline(TokenClassificationPipeline):
         if "word_index" not in model_inputs:
             return super()._forward(model_inputs)
         metadata = {key: model_inputs.pop(key) for key in ("word_index", "sentence_info", "is_last")}
+        if model_inputs["input_ids"].shape[-1] == 0:
+            # A text without a word, and a tokenizer that adds no special tokens (Gemma's): no input to embed, nothing to tag.
+            return {"tag_ids": torch.full((1, 0), -1), "tag_scores": torch.zeros(1, 0), **metadata}
         tag_ids, scores = piece_predictions(self.model(**model_inputs).logits, model_inputs.get("attention_mask"))
         return {"tag_ids": tag_ids, "tag_scores": scores, **metadata}
 

@@ -44,6 +44,10 @@ from pathlib import Path
 
 ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2", "xlm-roberta", "modernbert", "mpnet", "xlnet",
                     "deberta", "longformer", "big_bird", "mobilebert"]
+# ModernBERT bodies behind the tokenizer kinds of newer encoders, whose pre-split words need a prepended space:
+# EuroBERT's Llama 3 tokenizer (a regex Split before byte-level BPE, the generic class) and mmBERT's Gemma tokenizer
+# (spaces turned into "▁" by the normalizer, GemmaTokenizer). Checked where words arrive pre-split (NER).
+WORD_SPACE_FAMILIES = ["modernbert-llama3", "modernbert-gemma"]
 MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # XLNet pretrains by permutation LM
 # Outputs that change when an example is padded (Funnel pools neighbouring positions): checked where padding
 # matters, since transformers' own Funnel fails on inputs of one or two pieces that other cells feed it.
@@ -57,6 +61,7 @@ TOKENIZER_KIND = {
     "albert": "Unigram", "deberta-v2": "Unigram", "xlm-roberta": "Unigram", "t5": "Unigram", "mbart": "Unigram", "pegasus": "Unigram",
     "mpnet": "WordPiece", "xlnet": "Unigram", "funnel": "WordPiece",
     "marian": "sentencepiece (slow)", "nllb": "sentencepiece BPE", "m2m100": "sentencepiece BPE (slow)",
+    "modernbert-llama3": "regex Split + byte-level BPE (generic class)", "modernbert-gemma": "BPE over '▁' (GemmaTokenizer)",
 }
 # The architecture (``config.model_type``) of families whose name is not it.
 MODEL_TYPE = {"bert2bert": "bert", "nllb": "m2m_100", "m2m100": "m2m_100"}
@@ -183,6 +188,10 @@ def build_tokenizer(family: str):
             tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
             mask_token="[MASK]", model_max_length=128, model_input_names=["input_ids", "attention_mask"],
         )
+    if family == "modernbert-llama3":
+        return _llama3_tokenizer()
+    if family == "modernbert-gemma":
+        return _gemma_tokenizer()
     if family == "mpnet":  # WordPiece pieces, RoBERTa-style <s> </s></s> pairs
         from transformers import MPNetTokenizer
 
@@ -225,6 +234,48 @@ def build_tokenizer(family: str):
     if family == "m2m100":
         return _m2m100_tokenizer()
     raise KeyError(family)
+
+
+def _llama3_tokenizer():
+    """Llama 3's layout (EuroBERT ships it): a regex ``Split`` isolates words with their leading space, then byte-level
+    BPE without a prefix space; ``<|begin_of_text|> $A <|end_of_text|>``; the generic class."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    split = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    special = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<|mask|>"]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(family_corpus(), trainers.BpeTrainer(vocab_size=420, special_tokens=special,
+                                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos, eos = backend.token_to_id(special[0]), backend.token_to_id(special[1])
+    backend.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{special[0]} $A {special[1]}", pair=f"{special[0]} $A {special[1]} $B {special[1]}",
+                                      special_tokens=[(special[0], bos), (special[1], eos)]),
+    ])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=special[0], eos_token=special[1], cls_token=special[0],
+                                   sep_token=special[1], pad_token=special[2], mask_token=special[3], model_max_length=128,
+                                   model_input_names=["input_ids", "attention_mask"])
+
+
+def _gemma_tokenizer():
+    """Gemma's layout (mmBERT ships it): ``GemmaTokenizer`` from BPE pieces that carry ``▁`` for the space before a
+    word (its normalizer turns spaces into ``▁``; no pre-tokenizer splits words), byte fallback, ``<bos>`` prepended."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="▁", behavior="merged_with_next")  # sentencepiece: no piece across words
+    backend.train_from_iterator(family_corpus(), trainers.BpeTrainer(vocab_size=160, special_tokens=special))  # names in pieces
+    vocab, merges = _bpe_vocab_merges(backend)
+    for byte in range(256):  # byte fallback's pieces, as Gemma's vocabulary holds them: "," is <0x2C>, not <unk>
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    return GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=128)
 
 
 def _pegasus_tokenizer():
@@ -357,7 +408,7 @@ def _model_config(family: str, tokenizer):
             vocab_size=vocab, max_position_embeddings=128, relative_attention=True, pos_att_type=["c2p", "p2c"],
             max_relative_positions=-1, position_biased_input=False, type_vocab_size=0, **size, **ids,
         )
-    if family == "modernbert":
+    if family in ["modernbert"] + WORD_SPACE_FAMILIES:
         return tf.ModernBertConfig(
             vocab_size=vocab, max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=16,
             cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id, bos_token_id=tokenizer.cls_token_id,
@@ -402,7 +453,7 @@ def build_family(family: str, directory: Path) -> Path:
         model = AutoModelForSeq2SeqLM.from_config(config)
     elif family == "xlnet":
         model = AutoModelForCausalLM.from_config(config)  # XLNet is pretrained by permutation LM, not MLM
-    elif family in ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES:
+    elif family in ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES + WORD_SPACE_FAMILIES:
         model = AutoModelForMaskedLM.from_config(config)  # released encoders carry their MLM head
     else:
         model = AutoModel.from_config(config)

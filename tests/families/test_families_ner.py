@@ -3,7 +3,8 @@
 One short training run per family (module-scoped, shared by the checks). What each check catches:
   * byte-level BPE (RoBERTa, ModernBERT's generic tokenizer) encoding pre-split words without the
     leading-space marker (``Pari s`` instead of ``ĠParis``), and a run directory whose tokenizer cuts
-    raw text differently from training;
+    raw text differently from training; likewise Llama 3's (a regex split before byte-level BPE) and
+    Gemma's (spaces turned into ``▁``) tokenizers on a ModernBERT body (EuroBERT's and mmBERT's kinds);
   * a tag aligned to the wrong word's pieces;
   * pieces left untrained (only first pieces labelled), which ``pipeline(..., aggregation_strategy="simple")``
     reads as much as first pieces (Unigram tokenizers make a lone ``▁`` the first piece of a rare word);
@@ -20,7 +21,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer, pipeline
 
-from tests.families.builders import ENCODER_FAMILIES
+from tests.families.builders import ENCODER_FAMILIES, WORD_SPACE_FAMILIES
 from tests.families.matrix import ner_rows, pieces_by_word, piece_word, predict, train, word_spans
 from tests.conftest import write_jsonl
 
@@ -39,7 +40,7 @@ def train_ner(family: str, checkpoint, folder, steps: int):
     return train(folder, "ner", checkpoint, files, train=f"  max_steps: {steps}")
 
 
-@pytest.fixture(scope="module", params=ENCODER_FAMILIES)
+@pytest.fixture(scope="module", params=ENCODER_FAMILIES + WORD_SPACE_FAMILIES)
 def ner_run(request, family_checkpoint, tmp_path_factory):
     family = request.param
     folder = tmp_path_factory.mktemp(f"ner-{family}")
@@ -148,6 +149,24 @@ def test_families_ner_documented_pipeline_finds_predicts_entities(ner_run):
     given = predict(run, [{"tokens": words} for words in word_lists], folder)
     for row, found in zip(given, tagger(word_lists, is_split_into_words=True)):
         assert_same_entities(row["entities"], found, row["text"], family)
+
+
+def test_families_ner_pipeline_gives_words_their_space_with_a_class_that_rebuilds_its_normalizer(family_checkpoint, tmp_path):
+    """A run's tokenizer loaded as ``GemmaTokenizer`` (the class rebuilds its normalizer from its own code, losing the
+    space the run prepends to each word): ``pipeline()`` gives each word its space again and finds predict's entities."""
+    from transformers import GemmaTokenizer
+
+    import tasks
+
+    tasks.load_tasks()
+    run = train_ner("modernbert-gemma", family_checkpoint("modernbert-gemma"), tmp_path, steps=3)
+    tokenizer = GemmaTokenizer.from_pretrained(run)
+    assert "Prepend" not in str(tokenizer.backend_tokenizer.normalizer)  # what the class rebuilt, without the run's space
+    tagger = pipeline("token-classification", model=str(run), tokenizer=tokenizer)
+    raw = predict(run, [{"text": text} for text in AGREEMENT_TEXTS[:4]], tmp_path)
+    for text, row in zip(AGREEMENT_TEXTS, raw):
+        assert_same_entities(row["entities"], tagger(text), text, "modernbert-gemma")
+    assert sum(len(row["entities"]) for row in raw) >= 3
 
 
 @pytest.mark.filterwarnings("ignore:Tokenizer does not support real words")  # "first" on BPE/Unigram, as expected

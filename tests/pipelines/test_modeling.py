@@ -362,11 +362,41 @@ def _gemma_style_tokenizer():
 
 
 @pytest.mark.parametrize("build", [_llama3_style_tokenizer, _gemma_style_tokenizer], ids=["llama3", "gemma"])
-def test_modeling_words_a_tokenizer_cuts_otherwise_alone_than_in_running_text_are_refused(build):
+def test_modeling_words_get_the_space_they_have_mid_sentence_where_a_split_or_normalizer_kept_it_from_them(build, tmp_path):
     # Llama 3's Split before byte-level BPE got a prefix space per split ("ĠMarguerite Ġ 's"), and Gemma's normalizer
     # turns spaces into "▁" that words handed over alone never have ("m an"): NER trained on pieces pretraining never saw.
+    from transformers import AutoTokenizer
+
+    from pipelines.modeling import encode_words_as_in_running_text
+
+    tokenizer = build()
+    words = "the man said Anastasia Kowalski's film in 1996 was good.".split()
+    mid_sentence = tokenizer("x " + " ".join(words), add_special_tokens=False, return_offsets_mapping=True)
+    expected = [piece for piece, (_, end) in zip(tokenizer.convert_ids_to_tokens(mid_sentence["input_ids"]), mid_sentence["offset_mapping"])
+                if end > 1]
+    assert tokenizer.convert_ids_to_tokens(tokenizer(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]) != expected
+    encode_words_as_in_running_text(tokenizer)
+    encoded = tokenizer(words, is_split_into_words=True, add_special_tokens=False, return_offsets_mapping=True)
+    assert tokenizer.convert_ids_to_tokens(encoded["input_ids"]) == expected
+    for word_index, (start, end) in zip(encoded.word_ids(), encoded["offset_mapping"]):  # no offset leaves its word
+        assert 0 <= start < end <= len(words[word_index])
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = encode_words_as_in_running_text(AutoTokenizer.from_pretrained(tmp_path))  # no second space
+    assert reloaded.convert_ids_to_tokens(reloaded(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]) == expected
+
+
+def test_modeling_a_tokenizer_whose_pieces_cross_spaces_is_refused_for_pre_split_words():
+    # BPE over the whole line ("▁" for spaces, no pre-tokenizer) learns pieces across words ("▁was▁good"): no space given
+    # to each word alone brings them back, so words handed over one by one would get pieces pretraining never saw.
+    from tokenizers import Tokenizer, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     from pipelines.errors import ModelError
     from pipelines.modeling import encode_words_as_in_running_text
 
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.train_from_iterator(["▁Marguerite's film in 1996 was good, said Anastasia Kowalski."] * 5,
+                                trainers.BpeTrainer(vocab_size=200, special_tokens=["<pad>", "<unk>"]))
     with pytest.raises(ModelError, match=r"cuts words handed over one by one into other pieces than running text"):
-        encode_words_as_in_running_text(build())
+        encode_words_as_in_running_text(PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>"))
