@@ -129,11 +129,24 @@ def default_modules_to_save(model: torch.nn.Module) -> list[str]:
     for name, child in model.named_children():
         if child is not base:
             visit(name, child)
+    return heads + modules_a_base_cannot_restore(model, heads)
+
+
+def modules_a_base_cannot_restore(model: torch.nn.Module, heads: list[str] | None = None) -> list[str]:
+    """Modules an adapter must save whole whatever ``model.peft.modules_to_save`` names: weights the checkpoint did
+    not provide (random on every load, see :func:`pipelines.modeling.load_model`) and norms with running statistics.
+    ``heads``: modules already saved whole (a module inside one is left out)."""
+    heads = list(heads or [])
+    found: list[str] = []
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if base is None or base is model or model.config.model_type == "encoder-decoder":
+        return found
+    shared = {id(parameter) for parameter in base.parameters()}
     # Base weights the checkpoint did not provide (see pipelines.modeling.load_model) are random: train and save them too.
     base_modules = {id(module) for module in base.modules()}
     for key in getattr(model, "bertpipe_initialized_keys", ()):
         module_name = key.rsplit(".", 1)[0]
-        if any(module_name == head or module_name.startswith(head + ".") for head in heads):
+        if _inside_one_of(module_name, heads + found):
             continue
         # A module holding a weight tied to the base (the vocabulary projection of an MLM head, missing
         # from a checkpoint saved without one, e.g. a sentence-transformers encoder) cannot be copied
@@ -143,14 +156,22 @@ def default_modules_to_save(model: torch.nn.Module) -> list[str]:
         module = model.get_submodule(module_name)
         if id(module) not in base_modules and any(id(parameter) in shared for parameter in module.parameters()):
             continue
-        heads.append(module_name)
+        found.append(module_name)
     # Norms with running statistics (bertpipe's own BERT with norm: batch) change in training although the
     # base is frozen, and an adapter holds only what it names: reloaded onto the base's old statistics,
     # the run would predict otherwise than it evaluated.
     for name, module in base.named_modules():
-        if isinstance(getattr(module, "running_mean", None), torch.Tensor):
-            heads.append(f"{model.base_model_prefix}.{name}")
-    return heads
+        if isinstance(getattr(module, "running_mean", None), torch.Tensor) and not _inside_one_of(f"{model.base_model_prefix}.{name}", heads):
+            found.append(f"{model.base_model_prefix}.{name}")
+    return found
+
+
+def _inside_one_of(module_name: str, names: list[str]) -> bool:
+    """Whether ``module_name`` or a module holding it is one that ``names`` reaches, as peft matches a name: the whole
+    module name or its last dotted parts (``pooler`` reaches ``bert.pooler`` and so ``bert.pooler.dense``)."""
+    parts = module_name.split(".")
+    holders = [".".join(parts[: index + 1]) for index in range(len(parts))]
+    return any(holder == name or holder.endswith("." + name) for holder in holders for name in names)
 
 
 def base_model_id(model: ModelConfig) -> str | None:
@@ -165,8 +186,13 @@ def build_peft_config(model: PreTrainedModel, peft: PeftConfig, task_type: str |
     """The peft ``LoraConfig``/``IA3Config`` for ``model`` under ``peft`` settings and the task's peft task type."""
     from peft import IA3Config, LoraConfig
 
+    _refuse_names_matching_no_module(model, "model.peft.target_modules", peft.target_modules)
+    _refuse_names_matching_no_module(model, "model.peft.modules_to_save", peft.modules_to_save)
     target_modules = peft.target_modules if peft.target_modules is not None else default_target_modules(model.config, peft.method)
-    modules_to_save = peft.modules_to_save if peft.modules_to_save is not None else default_modules_to_save(model)
+    if peft.modules_to_save is None:
+        modules_to_save = default_modules_to_save(model)
+    else:  # a head named by hand: modules the checkpoint lacked are still random on every reload unless saved
+        modules_to_save = list(peft.modules_to_save) + modules_a_base_cannot_restore(model, list(peft.modules_to_save))
     common = {
         "task_type": peft_task_type(task_type),
         "target_modules": target_modules,
@@ -181,6 +207,18 @@ def build_peft_config(model: PreTrainedModel, peft: PeftConfig, task_type: str |
     return LoraConfig(r=peft.r, lora_alpha=peft.alpha, lora_dropout=peft.dropout, **common)
 
 
+def _refuse_names_matching_no_module(model: torch.nn.Module, key: str, names: list[str] | str | None) -> None:
+    """A listed name that matches no module, as peft matches names (the whole module name or its last dotted parts):
+    peft refuses only a list of which nothing matches, and adapted or saved the rest without a word (``qurey``)."""
+    if not isinstance(names, list):  # unset, or one regular expression peft matches whole names against
+        return
+    module_names = [name for name, _ in model.named_modules()]
+    unmatched = [name for name in names if not any(module == name or module.endswith("." + name) for module in module_names)]
+    if unmatched:
+        suffixes = sorted({module.rsplit(".", 1)[-1] for module in module_names if module and not module.rsplit(".", 1)[-1].isdigit()})
+        raise ModelError(f"{key}: {unmatched} name no module of {type(model).__name__}; its module names end in {suffixes[:40]}")
+
+
 def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str | None, *, base_model_name_or_path: str | None = None,
                base_model_revision: str | None = None):
     """Wrap ``model`` for parameter-efficient training; returns it unchanged when ``peft`` is None.
@@ -193,6 +231,14 @@ def apply_peft(model: PreTrainedModel, peft: PeftConfig | None, task_type: str |
         return model
     if base_model_name_or_path is None:
         raise ModelError("model.peft adapts a pretrained model: set model.name_or_path (a Hub id or folder)")
+    if is_adapter_dir(base_model_name_or_path):
+        # The new adapter would record the adapter run as its base, which no loader can rebuild a model from: the
+        # run trained, saved, and then never loaded again.
+        raise ConfigError(
+            f"model.name_or_path={base_model_name_or_path} is an adapter run, and a new adapter needs a full model as its "
+            f"base: set model.name_or_path={Path(base_model_name_or_path) / MERGED_DIR} (the run merged; `bertpipe merge "
+            f"{base_model_name_or_path}` writes it if it is missing)"
+        )
     from peft import get_peft_model
 
     config = build_peft_config(model, peft, task_type, base_model_name_or_path=base_model_name_or_path)
@@ -274,12 +320,14 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bo
             "(base_model_name_or_path), which no longer exists: put the base model back there, or set "
             "base_model_name_or_path in that file to the folder it is in now"
         )
+    if Path(recorded).is_absolute():
+        _refuse_a_base_changed_since_training(run_dir, recorded)
     base_location = resolve_model(recorded)
     revision = adapter_base_revision(run_dir)
     base_config = AutoConfig.from_pretrained(base_location, revision=revision)
     wanted = {"id2label": config.id2label} if hasattr(config, "id2label") else {}
     base = auto_class.from_pretrained(
-        base_location, config=config, revision=revision,
+        base_location, config=config, revision=revision, dtype=torch.float32,  # as pipelines.modeling.WEIGHTS_DTYPE
         ignore_mismatched_sizes=head_labels_differ(head_kinds(base_config), label_list(base_config.id2label), wanted),
     )
     if (run_dir / GENERATION_CONFIG_NAME).is_file():
@@ -287,6 +335,25 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bo
         # and pipeline() on the run generated with those (transformers' 20-token default, greedy).
         base.generation_config = GenerationConfig.from_pretrained(run_dir)
     return _pass_segments_through(PeftModel.from_pretrained(base, run_dir, is_trainable=is_trainable))
+
+
+def _refuse_a_base_changed_since_training(run_dir: Path, base: str) -> None:
+    """An adapter holds differences from its base's weights: on a local base folder trained again in place
+    (``overwrite=true``) or replaced, it served other predictions without a word. The run's ``sources.json`` holds the
+    digest of the base folder it trained on (runs from before it, and Hub bases, are not compared)."""
+    from pipelines.checkpoint import SOURCES_FILE, source_digests
+
+    try:
+        recorded = json.loads((run_dir / SOURCES_FILE).read_text(encoding="utf-8")).get("model.name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return
+    if recorded is None or source_digests({"model": {"name_or_path": base}}).get("model.name_or_path") == recorded:
+        return
+    raise ModelError(
+        f"{run_dir / ADAPTER_CONFIG_FILE} adapts the base model in {base}, whose files changed since the adapter was "
+        f"trained (their digest is not the one {run_dir / SOURCES_FILE} records): the adapter would be applied to other "
+        "weights. Put back the base it was trained on, or train the adapter again on this one"
+    )
 
 
 def _pass_segments_through(model):

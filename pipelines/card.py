@@ -49,12 +49,25 @@ def hub_metric(name: str) -> tuple[str, str | None]:
 
 
 def is_local_path(name: str | None) -> bool:
-    return name is not None and Path(name).expanduser().exists()
+    """A folder of this machine, or one that was: a run's config.yaml records local paths absolute, and a card built
+    after the base folder was cleaned up (or on another machine) named ``/tmp/base`` as a Hub id."""
+    if name is None:
+        return False
+    path = Path(name).expanduser()
+    return path.is_absolute() or name.startswith(("./", "../")) or path.exists()
+
+
+def hub_dataset(config: RunConfig) -> str | None:
+    """The Hub dataset the run read, or None for local data: ``data.files`` are read instead of ``data.path`` (a
+    config that sets both, sst2.yaml with its files overridden, trained on the files)."""
+    if config.data.files or not config.data.path or is_local_path(config.data.path):
+        return None
+    return config.data.path
 
 
 def eval_results(config: RunConfig, task_tag: str, metrics: dict[str, Any]) -> list[EvalResult]:
     """One ``EvalResult`` per finite ``eval_*`` metric; ``metric_name`` keeps bertpipe's name."""
-    hub_dataset = config.data.path if config.data.path and not is_local_path(config.data.path) else None
+    hub_dataset_id = hub_dataset(config)
     results = []
     for key, value in metrics.items():
         if not key.startswith("eval_") or key in _SKIPPED_METRICS or isinstance(value, bool):
@@ -65,9 +78,9 @@ def eval_results(config: RunConfig, task_tag: str, metrics: dict[str, Any]) -> l
         metric_type, metric_config = hub_metric(name)
         results.append(EvalResult(
             task_type=task_tag,
-            dataset_type=hub_dataset or "custom",
-            dataset_name=hub_dataset or "local files",
-            dataset_config=config.data.name,
+            dataset_type=hub_dataset_id or "custom",
+            dataset_name=hub_dataset_id or "local files",
+            dataset_config=config.data.name if hub_dataset_id else None,
             dataset_split=config.data.eval_split,
             metric_type=metric_type,
             metric_name=name,
@@ -165,14 +178,14 @@ def build_model_card(
     adapter = config.model.peft is not None if adapter is None else adapter
     source = config.model.name_or_path
     base_model = source if source and not is_local_path(source) else None
-    hub_dataset = config.data.path if config.data.path and not is_local_path(config.data.path) else None
+    hub_dataset_id = hub_dataset(config)
     tags = ["bertpipe", config.task, *config.hub.tags]
     if adapter:
         tags += ["peft", config.model.peft.method]
     card_data = ModelCardData(
         model_name=model_name,
         base_model=base_model,
-        datasets=[hub_dataset] if hub_dataset else None,
+        datasets=[hub_dataset_id] if hub_dataset_id else None,
         language=config.hub.language,
         license=config.hub.license,
         library_name="peft" if adapter else "transformers",
@@ -209,7 +222,7 @@ def build_model_card(
     if config.distill is not None:
         student = "the teacher's own layers" if config.distill.init == "teacher" else origin
         origin = f"the teacher `{config.distill.teacher}` by knowledge distillation, into a student of {student},"
-    data = f"`{config.data.path}`" + (f" ({config.data.name})" if config.data.name else "") if hub_dataset else "local files"
+    data = f"`{config.data.path}`" + (f" ({config.data.name})" if config.data.name else "") if hub_dataset_id else "local files"
     adapter_note = (
         f"\nThis repository holds a {config.model.peft.method.upper()} adapter (plus the trained task head), "
         f"not a full model: load it on top of `{base_model or source}` with peft as shown below.\n"

@@ -122,10 +122,11 @@ class PeftConfig(Section):
     """Dropout on the LoRA input path."""
     target_modules: list[str] | str | None = None
     """Module-name suffixes (or one regex) that get adapters; None = the architecture's attention
-    projections (BERT: query, value; T5: q, v; BART/Marian: q_proj, v_proj)."""
+    projections (BERT: query, value; T5: q, v; BART/Marian: q_proj, v_proj). A listed name matching no module is refused."""
     modules_to_save: list[str] | None = None
     """Modules trained in full and saved with the adapter; None = the task head (classifier,
-    qa_outputs, the MLM transform; the cross-attention of a finished BERT2BERT run, as a warm start's is refused)."""
+    qa_outputs, the MLM transform; the cross-attention of a finished BERT2BERT run, as a warm start's is refused).
+    Modules the checkpoint lacked (random on every load) are added to any list."""
     merge: bool = False
     """Also write ``merged/``: the adapter folded into a full model (Auto classes, ``pipeline()``)."""
 

@@ -30,6 +30,11 @@ from pipelines.onnx_model import OnnxModel, is_export_dir
 
 logger = logging.getLogger(__name__)
 
+# Every model is trained and evaluated from fp32 weights, whatever dtype its checkpoint was saved in: transformers 5
+# loads a bf16 checkpoint as bf16 by default (dtype="auto"), and a run of train.mixed_precision=no then trained pure
+# bf16 weights and updates and saved them so, while autocast (bf16 or fp16) is meant to keep fp32 master weights.
+WEIGHTS_DTYPE = torch.float32
+
 
 def _named_source(name_or_path: str, key: str) -> str:
     """How a message names a model source: a finished run by its folder, else by the key that set it."""
@@ -303,7 +308,8 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
     # An Auto class loads only from a location; the model class it maps the config to also loads a state dict.
     model_class = auto_class._model_mapping[type(config)] if weights["pretrained_model_name_or_path"] is None else auto_class
     loaded, loading_info = model_class.from_pretrained(
-        config=config, ignore_mismatched_sizes=mismatched_head or other_head is not None, output_loading_info=True, **weights
+        config=config, ignore_mismatched_sizes=mismatched_head or other_head is not None, output_loading_info=True,
+        dtype=WEIGHTS_DTYPE, **weights,
     )
     initialized = []
     if other_head is not None:

@@ -14,20 +14,23 @@ Out: the staged folder -- the publishable files of the run (model or adapter wei
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.adapters import MERGED_DIR, is_adapter_dir
+from pipelines.adapters import MERGED_DIR, adapter_base_model, is_adapter_dir
 from pipelines.atomic_writes import replacing_folder
-from pipelines.card import build_model_card, saved_model_config
+from pipelines.card import build_model_card, is_local_path, saved_model_config
 from pipelines.config import RunConfig
 from pipelines.hub import hub_reachable
 from pipelines.outputs import METRICS_FILE
 
 if TYPE_CHECKING:
     from pipelines.task import Task
+
+logger = logging.getLogger(__name__)
 
 # Top-level files of a run that make up a model repository.
 PUBLISH_PATTERNS = [
@@ -105,6 +108,19 @@ def _stage_dry_run(run_dir: Path, config: RunConfig, task: Task, out: Path, *, r
         return stage_run(run_dir, config, task, staging, sources, repo_id=repo_id, merged=merged, revision=revision)
 
 
+def _warn_of_an_adapter_on_a_local_base(run_dir: Path, merged: bool) -> None:
+    """An adapter records its base; one on a folder of this machine loads nowhere else (the card's code names that
+    folder), so say so where the upload is decided. Not refused: the base may be published, or shared, by other means."""
+    if merged or not is_adapter_dir(run_dir) or not (run_dir / METRICS_FILE).is_file():
+        return
+    base = adapter_base_model(run_dir)
+    if is_local_path(base):
+        logger.warning(
+            "%s is an adapter on the local base model %s, which the Hub does not have: whoever loads it from the Hub needs "
+            "that base too. Publish the full model with --merged, or train the adapter on a Hub id", run_dir, base,
+        )
+
+
 def _check_weights(path: Path) -> None:
     """Refuse weights that do not load (a truncated or overwritten file): uploaded, they were a broken model
     on the Hub that only its users found out about. Reads the header and checks the size it promises."""
@@ -148,6 +164,7 @@ def publish_run(
     if out is not None and not dry_run:
         # Ignored, it turned a look at the files into an upload.
         raise PublishError(f"--out {out} writes the files instead of uploading them, with --dry-run only; add --dry-run, or drop --out to upload")
+    _warn_of_an_adapter_on_a_local_base(Path(run_dir), merged)
     if dry_run:
         if out is None:
             raise PublishError("--dry-run needs --out DIR to write the folder that would be uploaded")

@@ -50,7 +50,7 @@ from pipelines.errors import OutputDirError, RunStopped, TrainingDiverged, failu
 from pipelines.evaluation import evaluate
 from pipelines.first_position import last_layer_at_first_position
 from pipelines.labelled_positions import head_at_labelled_positions
-from pipelines.modeling import check_sequence_lengths, check_vocabulary, count_parameters, freeze_input_embeddings
+from pipelines.modeling import WEIGHTS_DTYPE, check_sequence_lengths, check_vocabulary, count_parameters, freeze_input_embeddings
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, clip_gradients, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, packing_probe, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
@@ -596,7 +596,7 @@ def _load_best_model(model, folder: Path) -> None:
 
         set_peft_model_state_dict(model, load_peft_weights(str(folder)))
         return
-    best = type(model).from_pretrained(folder)
+    best = type(model).from_pretrained(folder, dtype=WEIGHTS_DTYPE)
     model.load_state_dict(best.state_dict())
 
 

@@ -212,6 +212,9 @@ def test_cli_publish_dry_run_writes_the_upload_folder_and_a_card_that_round_trip
     assert set(files) == expected_files  # no merged/, log.jsonl, checkpoints
     assert all(name in result.stdout for name in files)
     assert _tree_digest(lora_run) == before
+    # The adapter's base is a folder of this machine: loaded from the Hub, nobody else has it (the run stays publishable).
+    assert f"is an adapter on the local base model {json.loads((lora_run / 'adapter_config.json').read_text())['base_model_name_or_path']}" \
+        in result.stderr and "--merged" in result.stderr
 
     card = ModelCard.load(out / "README.md")
     assert card.data.library_name == "peft" and card.data.pipeline_tag == "text-classification"
@@ -303,3 +306,71 @@ train: {{max_steps: 2, batch_size: 8, mixed_precision: "no", eval_steps: null, s
     result = run_cli("train", str(config))
     assert "has a head trained for labels ['negative', 'positive']; a new head is initialised for labels ['a', 'b', 'c']" in result.stderr
     assert json.loads((tmp_path / "three" / "config.json").read_text())["id2label"] == {"0": "a", "1": "b", "2": "c"}
+
+
+def _masked_lm_checkpoint(tiny_bert: Path, folder: Path) -> Path:
+    """tiny_bert saved as a masked LM: no pooler, which a sequence classifier then initialises at random."""
+    import shutil
+
+    from transformers import BertForMaskedLM
+
+    BertForMaskedLM.from_pretrained(tiny_bert).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_bert / name).is_file():
+            shutil.copy(tiny_bert / name, folder / name)
+    return folder
+
+
+def test_cli_lora_with_modules_to_save_named_still_saves_what_the_checkpoint_lacked(tmp_path, tiny_bert, sentiment_files):
+    # modules_to_save=[classifier] replaced the default list, and with it the pooler the masked-LM checkpoint lacks:
+    # random on every load, frozen, unsaved, so evaluate (0.23 against 0.31), predict and pipeline() each scored otherwise.
+    base = _masked_lm_checkpoint(tiny_bert, tmp_path / "mlm-base")
+    config = lora_config(tmp_path, base, sentiment_files)
+    run_cli("train", str(config), "train.max_steps=6", "model.peft.modules_to_save=[classifier]")
+    saved = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    assert any(".pooler.dense." in key for key in saved), sorted(saved)
+    run_cli("evaluate", str(tmp_path / "run"))
+    trained, evaluated = (json.loads((tmp_path / "run" / name).read_text()) for name in ("metrics.json", "eval_validation.json"))
+    scores = [key for key in trained if key.startswith("eval_") and isinstance(trained[key], float) and "runtime" not in key
+              and "per_second" not in key]
+    assert scores and all(evaluated[key] == pytest.approx(trained[key], abs=1e-6) for key in scores), (trained, evaluated)
+
+
+@pytest.mark.parametrize("key, value", [("target_modules", "[qurey, value]"), ("modules_to_save", "[classifier, poolr]")])
+def test_cli_peft_module_name_matching_no_module_is_refused_though_others_match(key, value, tmp_path, tiny_bert, sentiment_files):
+    # peft refuses a list only when none of it matches: [qurey, value] adapted value alone, exit 0.
+    result = run_cli("train", str(lora_config(tmp_path, tiny_bert, sentiment_files)), f"model.peft.{key}={value}", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    typo = value.strip("[]").split(", ")[0 if key == "target_modules" else 1]
+    assert f"model.peft.{key}: ['{typo}'] name no module of BertForSequenceClassification" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_a_new_adapter_on_an_adapter_run_is_refused_pointing_at_the_merged_model(lora_run, tmp_path, sentiment_files):
+    # The new adapter recorded the adapter run as its base: it trained, saved, and could never be loaded again.
+    config = lora_config(tmp_path, lora_run, sentiment_files)
+    result = run_cli("train", str(config), check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"model.name_or_path={lora_run} is an adapter run" in result.stderr and f"model.name_or_path={lora_run / 'merged'}" in result.stderr
+    run_cli("train", str(config), f"model.name_or_path={lora_run / 'merged'}", "train.max_steps=2")  # as the message says
+    run_cli("evaluate", str(tmp_path / "run"))
+
+
+def test_cli_an_adapter_whose_local_base_changed_since_training_is_refused(tmp_path, tiny_bert, sentiment_files):
+    # A base run trained again in place (overwrite=true): the adapter served other predictions, exit 0.
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_bert, base)
+    run_cli("train", str(lora_config(tmp_path, base, sentiment_files)), "train.max_steps=2")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a good film\n")
+    run_cli("predict", str(tmp_path / "run"), "--input", str(texts), "--output", str(tmp_path / "before.jsonl"))
+    from transformers import BertModel
+
+    changed = BertModel.from_pretrained(base)
+    torch.nn.init.normal_(changed.encoder.layer[0].attention.self.query.weight)
+    changed.save_pretrained(base)
+    result = run_cli("predict", str(tmp_path / "run"), "--input", str(texts), "--output", str(tmp_path / "after.jsonl"), check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "after.jsonl").exists()
+    assert f"adapts the base model in {base}, whose files changed since the adapter was trained" in result.stderr

@@ -89,3 +89,31 @@ def test_cli_bf16_resume_from_a_checkpoint_ends_where_the_run_ended(bf16_run, tm
     last_loss = lambda run_dir: [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "loss" in r][-1]  # noqa: E731
     assert last_loss(tmp_path / "resumed") == last_loss(bf16_run)
     assert resumed["eval_mse"] == pytest.approx(reference["eval_mse"], rel=1e-6)
+
+
+def bf16_copy(checkpoint: Path, folder: Path) -> Path:
+    """``checkpoint`` saved again in bf16 (config.json ``dtype: bfloat16``), as many Hub checkpoints now ship."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    AutoModelForMaskedLM.from_pretrained(checkpoint).to(torch.bfloat16).save_pretrained(folder)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (checkpoint / name).is_file():
+            shutil.copy(checkpoint / name, folder / name)
+    return folder
+
+
+def test_cli_a_bf16_checkpoint_trains_from_fp32_weights_without_autocast(tmp_path, tiny_bert, scored_files):
+    # transformers 5 loads a bf16 checkpoint as bf16 (dtype="auto"): with mixed_precision=no the run trained bf16
+    # weights with bf16 updates and saved them in bf16, while its metrics said "no" and the README fp32 master weights.
+    from safetensors import safe_open
+
+    base = bf16_copy(tiny_bert, tmp_path / "bf16-checkpoint")
+    assert json.loads((base / "config.json").read_text())["dtype"] == "bfloat16"
+    train = {**TRAIN, "mixed_precision": "no", "max_steps": 2, "save_steps": 100}
+    run_cli("train", str(classification_config(tmp_path, base, scored_files, run_name="run", **train)))
+    with safe_open(tmp_path / "run" / "model.safetensors", "pt") as weights:
+        assert {str(weights.get_slice(name).get_dtype()) for name in weights.keys()} == {"F32"}
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["dtype"] == "float32"

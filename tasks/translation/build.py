@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderModel,
 from pipelines.config import ConfigError
 from pipelines.errors import ModelError
 from pipelines.hub import resolve_model
-from pipelines.modeling import apply_dropout, load_model, load_tokenizer, usable_positions
+from pipelines.modeling import WEIGHTS_DTYPE, apply_dropout, load_model, load_tokenizer, usable_positions
 from pipelines.outputs import is_run_dir
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
@@ -164,7 +164,7 @@ class TranslationModelBuilding:
         location = resolve_model(model_cfg.name_or_path)
         config = AutoConfig.from_pretrained(location, revision=model_cfg.revision)
         apply_dropout(config, model_cfg.dropout)
-        model = AutoModelForSeq2SeqLM.from_pretrained(location, config=config, revision=model_cfg.revision)
+        model = AutoModelForSeq2SeqLM.from_pretrained(location, config=config, revision=model_cfg.revision, dtype=WEIGHTS_DTYPE)
         if model.config.decoder_start_token_id is None and self.options.tgt_lang:
             model.config.decoder_start_token_id = self._language_code_id(self.options.tgt_lang)
         return model
@@ -192,7 +192,7 @@ class TranslationModelBuilding:
             model = EncoderDecoderModel.from_encoder_decoder_pretrained(
                 resolve_model(encoder), resolve_model(decoder),
                 encoder_config=encoder_config, decoder_config=decoder_config,
-                encoder_revision=revision, decoder_revision=revision,
+                encoder_revision=revision, decoder_revision=revision, encoder_dtype=WEIGHTS_DTYPE, decoder_dtype=WEIGHTS_DTYPE,
             )
         except ValueError as error:  # e.g. a decoder class without cross-attention
             raise ModelError(f"cannot build an encoder-decoder from {encoder!r} and {decoder!r}: {error}") from None

@@ -124,3 +124,22 @@ def test_card_of_a_multi_label_model_shows_every_labels_score(tmp_path):
     single = build_model_card(config, task, {}, model_name="me/x", saved_config={"problem_type": "single_label_classification"}).text
     assert "max_length=128, top_k=None))" in multi and "top_k" not in single
     assert "- model.revision: v2" in single  # the base revision trained on, among the settings
+
+
+def test_card_of_local_files_read_instead_of_a_hub_dataset_names_no_hub_dataset(tmp_path):
+    # sst2.yaml's data.path with its files overridden trained on the files, but the card put that accuracy on SST-2.
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"tokens": ["a"], "tags": ["O"]}\n')
+    config = run_config(tmp_path, "data.name=default", f"data.files={{train: {train}, validation: {train}}}")
+    card = build_model_card(config, get_task("ner"), {"eval_f1": 0.5}, model_name="me/ner")
+    assert card.data.datasets is None and "eriktks/conll2003" not in str(card)
+    assert {(result.dataset_type, result.dataset_name, result.dataset_config) for result in card.data.eval_results} == {
+        ("custom", "local files", None)}
+
+
+def test_card_names_no_base_model_for_a_local_folder_removed_since_training(tmp_path):
+    # config.yaml records a local base by its absolute path: with the folder cleaned up (or published from another
+    # machine), the card declared /tmp/... as the Hub id of its base model.
+    config = run_config(tmp_path, f"model.name_or_path={tmp_path / 'gone'}", f"data.path={tmp_path / 'gone-data'}")
+    card = build_model_card(config, get_task("ner"), {"eval_f1": 0.5}, model_name="me/ner")
+    assert card.data.base_model is None and card.data.datasets is None
