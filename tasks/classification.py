@@ -247,6 +247,14 @@ class ClassificationTask(TaskBase):
         self._input_where = f"--input {path}"
         return inputs
 
+    def build_tokenizer(self, raw, model_path: str | None = None):
+        tokenizer = super().build_tokenizer(raw, model_path)
+        # Padding goes after the token the head reads: a tokenizer saved with padding_side=left put [PAD] at position 0 of
+        # every shorter row, which BERT's pooler reads (and XLNet's saved with right, at the last position its summary
+        # reads). The run saves the tokenizer so, and pipeline() batches pad the same side.
+        tokenizer.padding_side = "left" if _ends_with_its_classification_token(tokenizer) else "right"
+        return tokenizer
+
     def build_model(self, raw, model_path: str | None = None):
         if model_path is not None:
             model = load_model(self.auto_model_class, self.config.model, model_path=model_path)
@@ -433,6 +441,14 @@ class ClassificationTask(TaskBase):
 
 
 _LENGTH_COLUMN = "__length"
+
+
+def _ends_with_its_classification_token(tokenizer) -> bool:
+    """Whether the tokenizer puts its classification token last (XLNet's ``A <sep> <cls>``), where the model's summary
+    reads it; every other layout is read at the first position (``[CLS]``) or at the last token that is not padding."""
+    cls_id = tokenizer.cls_token_id
+    ids = tokenizer("a")["input_ids"]
+    return cls_id is not None and bool(ids) and ids[-1] == cls_id and ids[0] != cls_id
 
 
 def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_column: str | None, max_length: int) -> dict:

@@ -441,3 +441,26 @@ def test_classification_multi_label_macro_averages_skip_a_label_absent_from_the_
     wrong[0, task.label_names.index("z")] = 5.0
     metrics = task.compute_metrics(task.postprocess({"logits": wrong}, features, raw["validation"]), raw["validation"])
     assert metrics["precision_macro"] == metrics["recall_macro"] == pytest.approx((1 + 1 + 0) / 3)
+
+
+@pytest.mark.parametrize("family, saved_side, read_at", [("bert", "left", 0), ("xlnet", "right", -1), ("roberta", "left", 0)])
+def test_classification_pads_after_the_token_the_head_reads_whatever_side_the_tokenizer_was_saved_with(
+        family, saved_side, read_at, tmp_path):
+    # BERT saved with padding_side=left: 7 of 8 training rows had [PAD] at position 0, the one BERT's pooler reads, and an
+    # ONNX export (predicting in padded batches) flipped labels; XLNet saved with right padding, at the last position.
+    import json
+
+    from tests.families.builders import build_family
+
+    checkpoint = build_family(family, tmp_path / "checkpoint")
+    settings = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({**settings, "padding_side": saved_side}))
+    rows = [{"text": " ".join(["good"] * (index % 5 + 1)), "label": "ab"[index % 2]} for index in range(8)]
+    task, raw = make_task(tmp_path, checkpoint, rows, rows)
+    features = task.preprocess(raw["train"], train=True)
+    batch = task.collator(train=True)([features[index] for index in range(8)])
+    read = batch["input_ids"][:, read_at].tolist()
+    first = task.tokenizer("a")["input_ids"][read_at]  # [CLS], <s>, or XLNet's <cls> last
+    assert set(read) == {first} and first != task.tokenizer.pad_token_id, task.tokenizer.convert_ids_to_tokens(read)
+    task.tokenizer.save_pretrained(tmp_path / "saved")  # what the run folder, and so pipeline(), pads with
+    assert json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())["padding_side"] == ("left" if read_at else "right")
