@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 _MAX_DETAIL = 400
 
@@ -85,3 +85,29 @@ class RunStopped(Exception):
     def __str__(self) -> str:
         return (f"stopped by {signal.Signals(self.signal_number).name} at step {self.step} of {self.total_steps}; "
                 f"checkpoint {self.checkpoint} is complete")
+
+
+def run_script(name: str, main: Callable[[], Any]) -> NoReturn:
+    """Run a script's ``main`` as the ``bertpipe`` command ends: bad input (a :class:`UserError`, a file that is not
+    there, a ``bertpipe`` command it ran that failed, a ``SystemExit`` with a message) ends with exit status 2 and one
+    line naming the script, never a traceback; ``main``'s integer result is the exit status."""
+    import subprocess
+    import sys
+
+    try:
+        result = main()
+    except UserError as error:
+        message = str(error)
+    except FileNotFoundError as error:
+        message = f"{error.filename or error}: no such file or folder"
+    except subprocess.CalledProcessError as error:
+        command = error.cmd if isinstance(error.cmd, str) else " ".join(str(part) for part in error.cmd)
+        message = f"`{command}` ended with exit status {error.returncode} (its message is above)"
+    except SystemExit as error:
+        if not isinstance(error.code, str):
+            raise  # argparse's own usage errors (2) and plain exits
+        message = error.code.removeprefix("error: ")
+    else:
+        sys.exit(result if isinstance(result, int) else 0)
+    print(f"{name}: error: {message}", file=sys.stderr)
+    sys.exit(2)

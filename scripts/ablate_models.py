@@ -49,9 +49,40 @@ def run_dir_of(name: str, out: Path) -> Path:
     return out / "runs" / re.sub(r"[^A-Za-z0-9]+", "_", name.split(" (")[0]).strip("_")
 
 
+def settings_file_of(name: str, out: Path) -> Path:
+    """Beside the run, not in it: the script's settings for that run, which the report states (a --report-only
+    call has none of its own to state)."""
+    return run_dir_of(name, out).with_suffix(".settings.json")
+
+
+def run_settings(args: argparse.Namespace) -> dict:
+    return {"config": str(args.config), "max_steps": args.max_steps, "batch_size": args.batch_size, "seed": args.seed,
+            "threads": args.threads, "set": list(args.set)}
+
+
 def read_row(name: str, out: Path) -> dict:
     metrics = json.loads((run_dir_of(name, out) / "metrics.json").read_text(encoding="utf-8"))
     return {"variant": name, **{k: metrics[k] for k in ("eval_perplexity", "eval_accuracy", "train_tokens_per_second")}}
+
+
+def settings_of_finished_runs(names: list[str], out: Path) -> dict:
+    """The settings every finished run in ``out`` was made with; a table of runs made otherwise is refused (their
+    perplexities and tokens/s are not comparable)."""
+    found = {}
+    for name in names:
+        path = settings_file_of(name, out)
+        if not path.is_file():
+            raise SystemExit(f"{run_dir_of(name, out)} has no {path.name} (a run made before the script recorded its "
+                             "settings): run that variant again")
+        found[name] = json.loads(path.read_text(encoding="utf-8"))
+    if not found:
+        raise SystemExit(f"no finished run in {out / 'runs'}: nothing to tabulate")
+    distinct = {json.dumps(settings, sort_keys=True) for settings in found.values()}
+    if len(distinct) > 1:
+        listed = "; ".join(f"{name}: {settings}" for name, settings in found.items())
+        raise SystemExit(f"the runs in {out / 'runs'} were made with different settings, so one table would compare "
+                         f"unlike runs: {listed}")
+    return next(iter(found.values()))
 
 
 def selected_variants(only: list[str], skip: list[str]) -> list[str]:
@@ -85,24 +116,28 @@ def variant_overrides(name: str, changes: dict[str, str], out: Path, args: argpa
 
 def run_variant(config: str, name: str, changes: dict[str, str], out: Path, args: argparse.Namespace) -> dict:
     overrides = variant_overrides(name, changes, out, args)
+    settings_file_of(name, out).unlink(missing_ok=True)  # a run replaced is described again only once it finished
     subprocess.run(
         [sys.executable, "-m", "tasks.cli", "train", config, *overrides], cwd=REPO_ROOT, check=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.DEVNULL,
     )
+    settings_file_of(name, out).write_text(json.dumps(run_settings(args), indent=2) + "\n", encoding="utf-8")
     return read_row(name, out)
 
 
-def write_report(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
+def write_report(rows: list[dict], out: Path, settings: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    config = Path(settings["config"])
+    shown = config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config
     lines = [
-        f"Budget: {args.max_steps} updates × {args.batch_size} packed blocks, seed {args.seed}, "
-        f"config `{args.config}` with `model.model_type=bertpipe_bert`"
-        + "".join(f", `{override}`" for override in args.set)
-        + (f", {args.threads} torch thread(s) per run." if args.threads else "."),
+        f"Budget: {settings['max_steps']} updates × {settings['batch_size']} packed blocks, seed {settings['seed']}, "
+        f"config `{shown}` with `model.model_type=bertpipe_bert`"
+        + "".join(f", `{override}`" for override in settings["set"])
+        + (f", {settings['threads']} torch thread(s) per run." if settings["threads"] else "."),
         "",
         "| variant | validation perplexity | masked-token accuracy | train tokens/s |",
         "| --- | --- | --- | --- |",
@@ -137,18 +172,28 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every variant, e.g. data.max_seq_length=64")
     args = parser.parse_args()
+    # Runs start in the repository (their commands import it); paths given from elsewhere are the caller's, and a
+    # relative --out wrote the runs under the repository while the table was read from the caller's folder.
+    args.out = args.out.resolve()
+    given = Path(args.config)
+    args.config = str(given.resolve() if given.exists() else (REPO_ROOT / given).resolve())
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         finished = [name for name in VARIANTS if (run_dir_of(name, args.out) / "metrics.json").exists()]
+        settings = settings_of_finished_runs(finished, args.out)
         rows = [read_row(name, args.out) for name in finished]
     else:
         rows = []
         for name in selected_variants(args.only, args.skip):
             rows.append(run_variant(args.config, name, VARIANTS[name], args.out, args))
             print(json.dumps(rows[-1]), flush=True)
-    write_report(rows, args.out, args)
+        settings = run_settings(args)
+    write_report(rows, args.out, settings)
     print((args.out / "ablation.md").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from pipelines.errors import run_script
+
+    run_script("ablate_models.py", main)

@@ -33,4 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipelines.errors import run_script
+
+    run_script("config_table.py", main)

@@ -319,4 +319,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(REPO_ROOT))
+    from pipelines.errors import run_script
+
+    run_script("edge_benchmark.py", main)

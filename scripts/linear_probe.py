@@ -81,7 +81,7 @@ def probe(encoder, tokenizer, train: dict, evaluation: dict, *, max_length: int,
 
 def load_split_texts(arguments: argparse.Namespace) -> tuple[dict, dict]:
     if arguments.train_file:
-        data = DataConfig(files={"train": arguments.train_file, "validation": arguments.eval_file or arguments.train_file})
+        data = DataConfig(files={"train": arguments.train_file, "validation": arguments.eval_file})
     else:
         data = DataConfig(path=arguments.data, name=arguments.data_name)
     raw = load_raw(data)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--data", default="stanfordnlp/sst2", help="Hub dataset id (resolved through BERTPIPE_MIRROR)")
     parser.add_argument("--data-name", default=None, help="dataset config name, e.g. mrpc")
     parser.add_argument("--train-file", help="local training file instead of --data")
-    parser.add_argument("--eval-file", help="local evaluation file (with --train-file)")
+    parser.add_argument("--eval-file", help="local evaluation file (needed with --train-file)")
     parser.add_argument("--eval-split", default="validation")
     parser.add_argument("--text-column", default="sentence")
     parser.add_argument("--label-column", default="label")
@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     arguments = parser.parse_args(argv)
     if arguments.eval_file and not arguments.train_file:
         parser.error("--eval-file needs --train-file")
+    if arguments.train_file and not arguments.eval_file:
+        # It scored the probe on the rows it was fitted on, and called that eval accuracy.
+        parser.error("--train-file needs --eval-file: a probe scored on the examples it was fitted on measures nothing")
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
 
@@ -130,10 +133,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         accuracy = probe(encoder, tokenizer, train, evaluation, max_length=arguments.max_length, c=arguments.c)
         rows.append({"encoder": spec, "cls_accuracy": accuracy["cls"], "mean_accuracy": accuracy["mean"]})
         print(f"{spec:48s} {accuracy['cls']:7.3f} {accuracy['mean']:7.3f}", flush=True)
-    if arguments.json:
-        arguments.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        if arguments.json:  # after each encoder: one that fails to load keeps the probes before it
+            arguments.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    from pipelines.errors import run_script
+
+    run_script("linear_probe.py", main)

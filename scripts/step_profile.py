@@ -97,4 +97,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipelines.errors import run_script
+
+    run_script("step_profile.py", main)

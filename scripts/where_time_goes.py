@@ -20,6 +20,7 @@ the rules name both bertpipe's loop and the transformers Trainer, so the two pro
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -87,4 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from pipelines.errors import run_script
+
+    run_script("where_time_goes.py", main)

@@ -75,3 +75,21 @@ def test_probe_with_a_single_training_label_is_a_clear_error(tiny_bert, tmp_path
     one_label = write_jsonl(tmp_path / "one.jsonl", rows)
     with pytest.raises(SystemExit, match="single label"):
         run_probe([str(tiny_bert)], one_label, one_label)
+
+
+def test_probe_without_an_eval_file_is_refused_and_a_bad_encoder_keeps_the_rows_before_it(tiny_bert, probe_files, tmp_path):
+    # --train-file alone scored the probe on the rows it was fitted on ("eval accuracy"); an encoder that does not load
+    # ended in a traceback, exit 1, after the probes before it were lost (--json was written at the end).
+    import subprocess
+    import sys
+
+    script = str(REPO_ROOT / "scripts" / "linear_probe.py")
+    alone = subprocess.run([sys.executable, script, str(tiny_bert), "--train-file", str(probe_files["train"])],
+                           capture_output=True, text=True)
+    assert alone.returncode == 2 and "--train-file needs --eval-file" in alone.stderr
+    out = tmp_path / "rows.json"
+    result = subprocess.run([sys.executable, script, f"random:{tiny_bert}", str(tmp_path / "no-such-encoder"), "--train-file",
+                             str(probe_files["train"]), "--eval-file", str(probe_files["validation"]), "--json", str(out)],
+                            capture_output=True, text=True, env={**__import__("os").environ, "BERTPIPE_MIRROR": str(tmp_path)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "linear_probe.py: error:" in result.stderr, result.stderr
+    assert [row["encoder"] for row in json.loads(out.read_text())] == [f"random:{tiny_bert}"]
