@@ -6,7 +6,8 @@
 (``scripts/gpu_check.sh`` wraps both.)
 
 ``bundle`` (on a machine with the package registry and ../shared) writes into DIR everything an air-gapped
-GPU machine may lack, in at most ``--max-mb`` MB: ``mirror/`` (MiniLM saved in bf16 and the SST-2 parquet
+GPU machine may lack, in at most ``--max-mb`` MB: ``mirror/`` (MiniLM saved in bf16 to halve it, which bertpipe loads in
+fp32 as it loads any bf16 checkpoint, and the SST-2 parquet
 files, laid out as a BERTPIPE_MIRROR), ``text/`` (WikiText-2 and the Gutenberg books), ``src/`` (bertpipe's
 source), ``wheels/`` (manylinux x86_64 wheels for the target Python of bertpipe's dependencies, never torch,
 only those missing from ``--have``, a ``pip freeze`` of the target; otherwise as many as fit) and
