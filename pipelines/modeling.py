@@ -207,6 +207,16 @@ def _trims_offsets(post_processor) -> bool:
     return bool(state.get("trim_offsets"))
 
 
+def classification_token_comes_last(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer puts its classification token last (XLNet's ``A <sep> <cls>``), where the model's summary
+    reads it: such models pad on the left and read a pair context first. Every other layout is read at the first
+    position (``[CLS]``, ``<s>``, or a first text piece where the tokenizer adds none) or at the last token that is
+    not padding."""
+    cls_id = tokenizer.cls_token_id
+    ids = tokenizer("a")["input_ids"]
+    return cls_id is not None and bool(ids) and ids[-1] == cls_id and ids[0] != cls_id
+
+
 def tokenizer_source(model: ModelConfig, model_path: str | None = None) -> str:
     """The run folder when evaluating a finished run, else the configured tokenizer or model."""
     source = model_path or model.tokenizer_name_or_path or model.name_or_path

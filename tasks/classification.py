@@ -28,7 +28,7 @@ from pipelines.errors import DataError
 from pipelines.files import read_inputs, skip_blank_lines
 from pipelines.graphemes import normalisation_note
 from pipelines.metrics import load_metric
-from pipelines.modeling import load_model
+from pipelines.modeling import classification_token_comes_last, load_model
 from pipelines.task import TaskBase
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class ClassificationTask(TaskBase):
         # Padding goes after the token the head reads: a tokenizer saved with padding_side=left put [PAD] at position 0 of
         # every shorter row, which BERT's pooler reads (and XLNet's saved with right, at the last position its summary
         # reads). The run saves the tokenizer so, and pipeline() batches pad the same side.
-        tokenizer.padding_side = "left" if _ends_with_its_classification_token(tokenizer) else "right"
+        tokenizer.padding_side = "left" if classification_token_comes_last(tokenizer) else "right"
         return tokenizer
 
     def build_model(self, raw, model_path: str | None = None):
@@ -441,14 +441,6 @@ class ClassificationTask(TaskBase):
 
 
 _LENGTH_COLUMN = "__length"
-
-
-def _ends_with_its_classification_token(tokenizer) -> bool:
-    """Whether the tokenizer puts its classification token last (XLNet's ``A <sep> <cls>``), where the model's summary
-    reads it; every other layout is read at the first position (``[CLS]``) or at the last token that is not padding."""
-    cls_id = tokenizer.cls_token_id
-    ids = tokenizer("a")["input_ids"]
-    return cls_id is not None and bool(ids) and ids[-1] == cls_id and ids[0] != cls_id
 
 
 def _tokenize(batch: dict[str, list], *, tokenizer, text_column: str, pair_column: str | None, max_length: int) -> dict:

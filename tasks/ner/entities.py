@@ -111,6 +111,14 @@ def word_entities(
         chunks = [(e.tag, e.start, e.end - 1) for e in seqeval.scheme.Entities([list(tags)], scheme).entities[0]]
     entities = []
     for entity_type, first, last in chunks:
+        # A word of spaces alone (" ", NBSP in a given word list) names no text: it neither starts nor ends an entity,
+        # and an entity of nothing else is none (the model tags such a word as it tags any piece).
+        while first <= last and not text[offsets[first][0] : offsets[first][1]].strip():
+            first += 1
+        while last >= first and not text[offsets[last][0] : offsets[last][1]].strip():
+            last -= 1
+        if first > last:
+            continue
         start, end = offsets[first][0], offsets[last][1]
         entities.append({
             "entity_group": entity_type, "word": text[start:end], "start": start, "end": end,

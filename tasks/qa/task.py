@@ -27,7 +27,7 @@ from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_colum
 from pipelines.errors import DataError
 from pipelines.files import load_split_files
 from pipelines.metrics import load_metric
-from pipelines.modeling import load_model
+from pipelines.modeling import classification_token_comes_last, load_model
 from pipelines.task import TaskBase
 from tasks.qa.decoding import postprocess_qa_predictions
 from tasks.qa.pipeline import PIPELINE_TASK
@@ -105,8 +105,9 @@ in_context = [part == (1 if question_first else 0) for part in inputs.sequence_i
 best, start, end = max((starts[s] + ends[e], s, e) for s in range(len(starts))
                        for e in range(s, min(s + settings["max_answer_len"], len(ends))) if in_context[s] and in_context[e])
 # The template's CLS, owned by no text sequence (XLNet's comes last; a context may hold the text "<cls>" too).
-cls = next(i for i, (token, part) in enumerate(zip(inputs["input_ids"][0].tolist(), inputs.sequence_ids(0)))
-           if token == tokenizer.cls_token_id and part is None)
+# Without a CLS token (Gemma's tokenizer), position 0: the question's, never an answer.
+cls = next((i for i, (token, part) in enumerate(zip(inputs["input_ids"][0].tolist(), inputs.sequence_ids(0)))
+            if token == tokenizer.cls_token_id and part is None), 0)
 if settings["handle_impossible_answer"] and starts[cls] + ends[cls] - best > settings["null_score_diff_threshold"]:
     print("(no answer)")
 else:
@@ -144,6 +145,17 @@ else:
         self._input_where = f"--input {path}"
         check_examples(examples, self._input_where, version_2_with_negative=None)
         return examples
+
+    def build_tokenizer(self, raw, model_path: str | None = None):
+        tokenizer = super().build_tokenizer(raw, model_path)
+        if model_path is None:
+            # The pair's order follows the padding side (question first when it pads right, as transformers' own
+            # examples read it), and the run saves it so. A new run takes the order its template reads: context first
+            # only where the classification token comes last (XLNet). A tokenizer with no CLS token saved to pad left
+            # (GemmaTokenizer's default) put a context piece at position 0, the no-answer label of every window
+            # without the answer. A finished run keeps the side it saved, the order it was trained in.
+            tokenizer.padding_side = "left" if classification_token_comes_last(tokenizer) else "right"
+        return tokenizer
 
     def build_model(self, raw, model_path: str | None = None):
         # The pipeline reads its defaults from here, so a saved run answers as it was evaluated.

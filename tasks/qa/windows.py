@@ -110,7 +110,8 @@ def answer_char_span(context: str, start_char: int, text: str) -> tuple[int, int
 
 
 def _cls_index(input_ids: list[int], sequence_ids: list[int | None], cls_token_id: int | None) -> int:
-    """The position of the CLS token the tokenizer's template added (no text sequence owns it), 0 without one.
+    """The position of the CLS token the tokenizer's template added (no text sequence owns it), 0 without one (the
+    question's first piece: a tokenizer without a CLS token reads the question first, see ``QATask.build_tokenizer``).
 
     Not the first CLS id of the window: a context or question holding the text ``<cls>`` encodes it as that id, and
     XLNet's template puts its own CLS last, after the context. The text's token was then the no-answer position:

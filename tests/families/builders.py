@@ -46,7 +46,8 @@ ENCODER_FAMILIES = ["bert", "roberta", "distilbert", "electra", "albert", "deber
                     "deberta", "longformer", "big_bird", "mobilebert"]
 # ModernBERT bodies behind the tokenizer kinds of newer encoders, whose pre-split words need a prepended space:
 # EuroBERT's Llama 3 tokenizer (a regex Split before byte-level BPE, the generic class) and mmBERT's Gemma tokenizer
-# (spaces turned into "▁" by the normalizer, GemmaTokenizer). Checked where words arrive pre-split (NER).
+# (spaces turned into "▁" by the normalizer, GemmaTokenizer, no CLS token, padding on the left). Checked where words
+# arrive pre-split (NER) and where a head reads one position (classification, QA).
 WORD_SPACE_FAMILIES = ["modernbert-llama3", "modernbert-gemma"]
 MLM_FAMILIES = [family for family in ENCODER_FAMILIES if family != "xlnet"]  # XLNet pretrains by permutation LM
 # Outputs that change when an example is padded (Funnel pools neighbouring positions): checked where padding
@@ -263,7 +264,8 @@ def _llama3_tokenizer():
 
 def _gemma_tokenizer():
     """Gemma's layout (mmBERT ships it): ``GemmaTokenizer`` from BPE pieces that carry ``▁`` for the space before a
-    word (its normalizer turns spaces into ``▁``; no pre-tokenizer splits words), byte fallback, ``<bos>`` prepended."""
+    word (its normalizer turns spaces into ``▁``; no pre-tokenizer splits words), byte fallback, no CLS token, padding
+    on the left (the class's default, saved in tokenizer_config.json)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import GemmaTokenizer
 
@@ -275,7 +277,7 @@ def _gemma_tokenizer():
     vocab, merges = _bpe_vocab_merges(backend)
     for byte in range(256):  # byte fallback's pieces, as Gemma's vocabulary holds them: "," is <0x2C>, not <unk>
         vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
-    return GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=128)
+    return GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=128, padding_side="left")  # the class's own default, saved
 
 
 def _pegasus_tokenizer():

@@ -21,7 +21,7 @@ from pipelines.config import ModelConfig, PeftConfig
 from pipelines.modeling import count_parameters, load_model
 from pipelines.runtime import layer_classes_to_wrap
 from tests.conftest import write_jsonl
-from tests.families.builders import ENCODER_FAMILIES, MLM_FAMILIES, PADDING_DEPENDENT_FAMILIES
+from tests.families.builders import ENCODER_FAMILIES, MLM_FAMILIES, PADDING_DEPENDENT_FAMILIES, WORD_SPACE_FAMILIES
 from tests.families.matrix import card_code, head_at_labelled_positions_agrees, mlm_lines, run_card_code, piece_word, predict, qa_rows, run_bertpipe, sentiment_rows, train, word_spans
 
 LABELS = {"num_labels": 3, "id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
@@ -32,7 +32,7 @@ HEADS = {
 PEFT_TASK_TYPES = {"text-classification": "SEQ_CLS", "token-classification": "TOKEN_CLS", "question-answering": "QUESTION_ANS", "fill-mask": None}
 
 
-@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+@pytest.mark.parametrize("family", ENCODER_FAMILIES + WORD_SPACE_FAMILIES)
 def test_families_classification_predict_and_pipeline_agree(family, family_checkpoint, tmp_path):
     files = {"train": write_jsonl(tmp_path / "train.jsonl", sentiment_rows(48, 1)),
              "validation": write_jsonl(tmp_path / "validation.jsonl", sentiment_rows(16, 2))}
@@ -44,7 +44,7 @@ def test_families_classification_predict_and_pipeline_agree(family, family_check
     assert [row["score"] for row in predicted] == pytest.approx([row["score"] for row in served], abs=1e-4)
 
 
-@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+@pytest.mark.parametrize("family", ENCODER_FAMILIES + WORD_SPACE_FAMILIES)
 def test_families_pair_classification_predict_pipeline_and_the_cards_call_agree(family, family_checkpoint, tmp_path):
     """Sentence pairs (MRPC, STS-B, NLI): each family joins them its own way (BERT's token types, RoBERTa's
     doubled separator, none at all); predict, pipeline() on {"text", "text_pair"} and the model card's call
@@ -123,7 +123,7 @@ def test_families_pair_regression_predict_and_pipeline_give_the_same_raw_score(f
     assert predicted == pytest.approx(raw, abs=1e-4)
 
 
-@pytest.mark.parametrize("family", ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES)
+@pytest.mark.parametrize("family", ENCODER_FAMILIES + PADDING_DEPENDENT_FAMILIES + WORD_SPACE_FAMILIES)
 def test_families_qa_spans_are_exact_everywhere(family, family_checkpoint, tmp_path):
     from tasks import load_tasks
 

@@ -694,3 +694,18 @@ def test_ner_pipeline_transformers_aggregations_give_whole_graphemes(tmp_path, t
             assert all(0 <= e["start"] < e["end"] <= len(text) for e in found)
         (jose,) = tagger("Jose\u0301")  # one [UNK] piece: its word is the text under its offsets
         assert jose["word"] == "Jose\u0301", strategy
+
+
+def test_ner_a_word_of_spaces_alone_neither_makes_nor_bounds_an_entity():
+    # A word list holding " " or an NBSP (byte-level BPE gives it a piece, so the model tags it): ('LOC', ' ') came out
+    # as an entity, and a B- on such a word before a name put the space into the entity's span.
+    from tasks.ner.entities import join_words, word_entities
+
+    words = ["Bob", " ", "met", "\u00a0", "Alice", "Kowalski", " "]
+    text, offsets = join_words(words, " ")
+    tags = ["B-PER", "B-LOC", "O", "B-PER", "I-PER", "I-PER", "I-PER"]
+    entities = word_entities(tags, [0.9] * len(words), offsets, text)
+    assert [(e["entity_group"], e["word"], e["start_word"], e["end_word"]) for e in entities] == [
+        ("PER", "Bob", 0, 1), ("PER", "Alice Kowalski", 4, 6)]
+    for entity in entities:
+        assert text[entity["start"]:entity["end"]] == entity["word"] == entity["word"].strip() != ""

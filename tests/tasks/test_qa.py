@@ -708,3 +708,45 @@ def test_qa_pipeline_windows_fit_a_checkpoint_with_fewer_positions_than_384(tmp_
     assert context[answer["start"] : answer["end"]] == answer["answer"] and 0 < answer["score"] <= 1
     # The same as windows of the model's length given explicitly (stride: half of it, as transformers 4).
     assert qa(question="who is it ?", context=context, max_seq_len=64, doc_stride=32) == answer
+
+
+@pytest.mark.parametrize("family, saved_side, question_first", [("modernbert-gemma", "left", True), ("bert", "left", True),
+                                                                  ("xlnet", "right", False)])
+def test_qa_new_run_reads_the_pair_in_the_order_its_template_reads_whatever_side_the_tokenizer_pads(
+        family, saved_side, question_first, tmp_path):
+    # A tokenizer with no CLS token saved to pad left (GemmaTokenizer's default) put the context first, so position 0,
+    # the no-answer label of every window without the answer, was a context piece: 34 of 60 answers exact against 59.
+    import json
+
+    from tasks.qa.task import QATask
+    from tasks.qa.windows import prepare_features
+    from tests.families.builders import build_family
+
+    checkpoint = build_family(family, tmp_path / "checkpoint")
+    settings = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({**settings, "padding_side": saved_side}))
+    context = "Alice lives in Paris . " + "the man saw a film today . " * 6 + "Bob works in Berlin today ."
+    row = {"id": "q1", "question": "where does Bob work ?", "context": context,
+           "answers": {"text": ["Berlin"], "answer_start": [context.index("Berlin")]}}
+    files = {split: write_jsonl(tmp_path / f"{split}.jsonl", [row]) for split in ("train", "validation")}
+    task = QATask(qa_config(tmp_path, checkpoint, files, doc_stride=8))
+    tokenizer = task.build_tokenizer(task.load())
+    assert tokenizer.padding_side == ("right" if question_first else "left")
+    batch = {key: [row[key]] for key in ("question", "context", "answers")}
+    features = prepare_features(batch, [0], tokenizer=tokenizer, max_length=32, doc_stride=8, train=True)
+    encoded = tokenizer(row["question"], row["context"], truncation="only_second", max_length=32, stride=8,
+                        return_overflowing_tokens=True) if question_first else None
+    context_id = 1 if question_first else 0
+    answered = 0
+    for window, (start, end) in enumerate(zip(features["start_positions"], features["end_positions"])):
+        pieces = tokenizer.convert_ids_to_tokens(features["input_ids"][window][start:end + 1])
+        if "".join(pieces).replace("▁", "").replace("Ġ", "").replace("##", "").strip().lower() == "berlin":
+            answered += 1
+        else:  # no answer here: the label is a position no answer can take, never a context piece
+            sequence_ids = (encoded.sequence_ids(window) if encoded is not None else
+                            tokenizer(row["context"], row["question"], truncation="only_first", max_length=32, stride=8,
+                                      return_overflowing_tokens=True).sequence_ids(window))
+            assert start == end and sequence_ids[start] != context_id, (window, pieces)
+    assert answered >= 1 and len(features["input_ids"]) > 2
+    tokenizer.save_pretrained(tmp_path / "saved")  # the run folder's side: predict and pipeline() read the pair alike
+    assert json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())["padding_side"] == tokenizer.padding_side
