@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from pipelines.task import Task
 
 # Bookkeeping that the evaluation loop reports next to the metrics.
-_SKIPPED_METRICS = {"eval_samples", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+# Counts, lengths, thresholds, flags and timings a task reports beside its scores (NER's words evaluated, SQuAD v2's
+# question totals and best thresholds, translation's gen_len and bleu_lowercased): the card's results are scores.
+_NOT_A_SCORE = ("samples", "runtime", "per_second", "words", "masked_tokens", "total", "gen_len", "_thresh", "lowercased")
 # bertpipe metric name -> Hub metric id, where they differ.
 _HUB_METRIC_IDS = {"pearson": "pearsonr", "exact": "exact_match", "em": "exact_match", "sacrebleu": "bleu", "ppl": "perplexity"}
 _AVERAGES = ("macro", "micro", "weighted", "samples")
@@ -70,7 +72,7 @@ def eval_results(config: RunConfig, task_tag: str, metrics: dict[str, Any]) -> l
     hub_dataset_id = hub_dataset(config)
     results = []
     for key, value in metrics.items():
-        if not key.startswith("eval_") or key in _SKIPPED_METRICS or isinstance(value, bool):
+        if not key.startswith("eval_") or key.endswith(_NOT_A_SCORE) or isinstance(value, bool):
             continue
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             continue

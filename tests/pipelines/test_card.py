@@ -143,3 +143,15 @@ def test_card_names_no_base_model_for_a_local_folder_removed_since_training(tmp_
     config = run_config(tmp_path, f"model.name_or_path={tmp_path / 'gone'}", f"data.path={tmp_path / 'gone-data'}")
     card = build_model_card(config, get_task("ner"), {"eval_f1": 0.5}, model_name="me/ner")
     assert card.data.base_model is None and card.data.datasets is None
+
+
+def test_card_results_are_scores_not_the_counts_thresholds_and_flags_beside_them(tmp_path):
+    # NER's words evaluated (1350.0), SQuAD v2's totals and best thresholds, translation's gen_len and a lowercasing
+    # flag stored as 1.0 were published in the model-index as if they were results.
+    config = run_config(tmp_path)
+    metrics = {"eval_f1": 0.5, "eval_words": 1350.0, "eval_total": 40.0, "eval_HasAns_total": 28.0, "eval_NoAns_total": 12.0,
+               "eval_best_f1": 0.6, "eval_best_f1_thresh": -1.5, "eval_best_exact_thresh": -2.0, "eval_gen_len": 11.2,
+               "eval_bleu": 21.0, "eval_bleu_lowercased": 1.0, "eval_masked_tokens": 900.0, "eval_samples": 10,
+               "eval_runtime": 1.0, "eval_samples_per_second": 10.0, "eval_HasAns_f1": 0.7}
+    card = build_model_card(config, get_task("ner"), metrics, model_name="me/ner")
+    assert {result.metric_name for result in card.data.eval_results} == {"f1", "best_f1", "bleu", "HasAns_f1"}
