@@ -74,6 +74,12 @@ def tie_encoder_decoder_weights(model: EncoderDecoderModel) -> int:
     return shared
 
 
+# A run saves no encoder pooler (drop_encoder_pooler), while EncoderDecoderModel builds one on load: every predict,
+# evaluate and pipeline() of a BERT2BERT run reported encoder.pooler.dense as MISSING, "newly initialized", for a
+# module no encoder-decoder forward reads.
+EncoderDecoderModel._keys_to_ignore_on_load_missing = {*(EncoderDecoderModel._keys_to_ignore_on_load_missing or ()), r"^encoder\.pooler\."}
+
+
 def drop_encoder_pooler(model: EncoderDecoderModel) -> bool:
     """Remove the encoder's pooler ([CLS] -> dense -> tanh): an encoder-decoder never uses it, and under
     DistributedDataParallel a parameter that gets no gradient is an error. Returns whether one was removed."""

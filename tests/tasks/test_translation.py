@@ -256,6 +256,12 @@ def test_translation_bert2bert_sets_special_tokens_and_generation_settings(tmp_p
     model = task.build_model(raw)
     assert type(model).__name__ == "EncoderDecoderModel"
     assert model.encoder.pooler is None  # unused by the decoder: DDP would fail on its missing gradients
+    # Saved without it, the run loads without a report of encoder.pooler.dense as MISSING ("newly initialized").
+    from transformers import AutoModelForSeq2SeqLM
+
+    model.save_pretrained(tmp_path / "saved")
+    _, loading = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "saved", output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
     assert model.config.decoder.is_decoder and model.config.decoder.add_cross_attention
     for holder in (model.config, model.generation_config):
         assert (holder.decoder_start_token_id, holder.eos_token_id, holder.pad_token_id) == (
