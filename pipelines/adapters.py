@@ -167,11 +167,12 @@ def modules_a_base_cannot_restore(model: torch.nn.Module, heads: list[str] | Non
 
 
 def _inside_one_of(module_name: str, names: list[str]) -> bool:
-    """Whether ``module_name`` or a module holding it is one that ``names`` reaches, as peft matches a name: the whole
-    module name or its last dotted parts (``pooler`` reaches ``bert.pooler`` and so ``bert.pooler.dense``)."""
+    """Whether ``module_name`` or a module holding it is one that ``names`` reaches, as peft matches a
+    ``modules_to_save`` name: a module whose name ends with it (``pooler`` reaches ``bert.pooler`` and so
+    ``bert.pooler.dense``)."""
     parts = module_name.split(".")
     holders = [".".join(parts[: index + 1]) for index in range(len(parts))]
-    return any(holder == name or holder.endswith("." + name) for holder in holders for name in names)
+    return any(holder.endswith(name) for holder in holders for name in names)
 
 
 def base_model_id(model: ModelConfig) -> str | None:
@@ -208,12 +209,16 @@ def build_peft_config(model: PreTrainedModel, peft: PeftConfig, task_type: str |
 
 
 def _refuse_names_matching_no_module(model: torch.nn.Module, key: str, names: list[str] | str | None) -> None:
-    """A listed name that matches no module, as peft matches names (the whole module name or its last dotted parts):
-    peft refuses only a list of which nothing matches, and adapted or saved the rest without a word (``qurey``)."""
+    """A listed name that matches no module as peft matches it (``target_modules``: the whole module name or its last
+    dotted parts; ``modules_to_save``: the end of a module name): peft refuses only a list of which nothing matches,
+    and adapted or saved the rest without a word (``qurey``)."""
     if not isinstance(names, list):  # unset, or one regular expression peft matches whole names against
         return
     module_names = [name for name, _ in model.named_modules()]
-    unmatched = [name for name in names if not any(module == name or module.endswith("." + name) for module in module_names)]
+    if key.endswith("modules_to_save"):
+        unmatched = [name for name in names if not any(module.endswith(name) for module in module_names)]
+    else:
+        unmatched = [name for name in names if not any(module == name or module.endswith("." + name) for module in module_names)]
     if unmatched:
         suffixes = sorted({module.rsplit(".", 1)[-1] for module in module_names if module and not module.rsplit(".", 1)[-1].isdigit()})
         raise ModelError(f"{key}: {unmatched} name no module of {type(model).__name__}; its module names end in {suffixes[:40]}")
@@ -340,19 +345,20 @@ def load_adapter_model(auto_class: Any, run_dir: str | Path, *, is_trainable: bo
 def _refuse_a_base_changed_since_training(run_dir: Path, base: str) -> None:
     """An adapter holds differences from its base's weights: on a local base folder trained again in place
     (``overwrite=true``) or replaced, it served other predictions without a word. The run's ``sources.json`` holds the
-    digest of the base folder it trained on (runs from before it, and Hub bases, are not compared)."""
-    from pipelines.checkpoint import SOURCES_FILE, source_digests
+    digest of the base's weights and config files it trained on (other files written there since change nothing; runs
+    from before it, and Hub bases, are not compared)."""
+    from pipelines.checkpoint import MODEL_FILES_KEY, SOURCES_FILE, model_files_digest
 
     try:
-        recorded = json.loads((run_dir / SOURCES_FILE).read_text(encoding="utf-8")).get("model.name_or_path")
+        recorded = json.loads((run_dir / SOURCES_FILE).read_text(encoding="utf-8")).get(MODEL_FILES_KEY)
     except (OSError, ValueError, AttributeError):
         return
-    if recorded is None or source_digests({"model": {"name_or_path": base}}).get("model.name_or_path") == recorded:
+    if recorded is None or model_files_digest(base) == recorded:
         return
     raise ModelError(
-        f"{run_dir / ADAPTER_CONFIG_FILE} adapts the base model in {base}, whose files changed since the adapter was "
-        f"trained (their digest is not the one {run_dir / SOURCES_FILE} records): the adapter would be applied to other "
-        "weights. Put back the base it was trained on, or train the adapter again on this one"
+        f"{run_dir / ADAPTER_CONFIG_FILE} adapts the base model in {base}, whose weights or config changed since the "
+        f"adapter was trained (their digest is not the one {run_dir / SOURCES_FILE} records): the adapter would be applied "
+        "to other weights. Put back the base it was trained on, or train the adapter again on this one"
     )
 
 

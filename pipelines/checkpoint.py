@@ -224,14 +224,36 @@ def _is_digested(key: str) -> bool:
     return _is_path_key(key) or is_model_option(key)
 
 
+# The digest of the weights and config alone of a local model.name_or_path folder, beside the whole folder's: an adapter
+# run checks its base by it, where a file written into the folder later (a predictions file) changes nothing it loads.
+MODEL_FILES_KEY = "model.name_or_path (weights and config)"
+_MODEL_FILE = re.compile(r"config\.json|.*\.safetensors|.*\.bin|.*\.index\.json")
+
+
 def source_digests(config: dict) -> dict[str, str]:
     """A digest of the contents of each local file or folder (or list of files) a path key of ``config``, or a
-    task option naming a model (``*name_or_path``), names."""
+    task option naming a model (``*name_or_path``), names; and :data:`MODEL_FILES_KEY`'s for a local model folder."""
     digests = {}
     for key, value in flatten_tree(config).items():
         if _is_digested(key) and (digest := _content_digest(key, value)) is not None:
             digests[key] = digest
+            if key == "model.name_or_path" and (weights := model_files_digest(value)) is not None:
+                digests[MODEL_FILES_KEY] = weights
     return digests
+
+
+def model_files_digest(folder: object) -> str | None:
+    """sha256 over the weights and config files at the top of a model folder (None: not a readable folder)."""
+    if not isinstance(folder, str) or not os.path.isdir(folder):
+        return None
+    digest = hashlib.sha256()
+    try:
+        for file in sorted(Path(folder).iterdir(), key=lambda path: path.name):
+            if file.is_file() and _MODEL_FILE.fullmatch(file.name):
+                digest.update(f"{file.name}\0{_file_digest(file)}\0".encode())
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def _content_digest(key: str, value: object) -> str | None:

@@ -211,10 +211,13 @@ def classification_token_comes_last(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether the tokenizer puts its classification token last (XLNet's ``A <sep> <cls>``), where the model's summary
     reads it: such models pad on the left and read a pair context first. Every other layout is read at the first
     position (``[CLS]``, ``<s>``, or a first text piece where the tokenizer adds none) or at the last token that is
-    not padding."""
+    not padding. A CLS token that is also the end-of-text token (``<bos> A <eos>`` with ``cls_token = eos_token``)
+    closes every text and is no summary token."""
     cls_id = tokenizer.cls_token_id
     ids = tokenizer("a")["input_ids"]
-    return cls_id is not None and bool(ids) and ids[-1] == cls_id and ids[0] != cls_id
+    if cls_id is None or not ids or cls_id in (tokenizer.sep_token_id, tokenizer.eos_token_id):
+        return False
+    return ids[-1] == cls_id and ids[0] != cls_id
 
 
 def tokenizer_source(model: ModelConfig, model_path: str | None = None) -> str:

@@ -366,6 +366,10 @@ def test_cli_an_adapter_whose_local_base_changed_since_training_is_refused(tmp_p
     texts = tmp_path / "texts.txt"
     texts.write_text("a good film\n")
     run_cli("predict", str(tmp_path / "run"), "--input", str(texts), "--output", str(tmp_path / "before.jsonl"))
+    # A file written into the base folder since (predictions, notes) changes nothing the adapter is applied to.
+    (base / "predictions.jsonl").write_text('{"label": "positive"}\n')
+    (base / "README.md").write_text("notes\n")
+    run_cli("predict", str(tmp_path / "run"), "--input", str(texts), "--output", str(tmp_path / "again.jsonl"))
     from transformers import BertModel
 
     changed = BertModel.from_pretrained(base)
@@ -373,4 +377,4 @@ def test_cli_an_adapter_whose_local_base_changed_since_training_is_refused(tmp_p
     changed.save_pretrained(base)
     result = run_cli("predict", str(tmp_path / "run"), "--input", str(texts), "--output", str(tmp_path / "after.jsonl"), check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "after.jsonl").exists()
-    assert f"adapts the base model in {base}, whose files changed since the adapter was trained" in result.stderr
+    assert f"adapts the base model in {base}, whose weights or config changed since the adapter was trained" in result.stderr

@@ -400,3 +400,17 @@ def test_modeling_a_tokenizer_whose_pieces_cross_spaces_is_refused_for_pre_split
                                 trainers.BpeTrainer(vocab_size=200, special_tokens=["<pad>", "<unk>"]))
     with pytest.raises(ModelError, match=r"cuts words handed over one by one into other pieces than running text"):
         encode_words_as_in_running_text(PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>"))
+
+
+def test_modeling_a_cls_token_that_closes_every_text_is_not_a_summary_token_read_last():
+    # <bos> A <eos> with cls_token = eos_token read as XLNet's <cls> last: classification and QA padded on the left, and a
+    # head reading position 0 (a BERT-style pooler, ModernBERT's cls pooling) read [PAD].
+    from pipelines.modeling import classification_token_comes_last
+    from tests.families.builders import build_tokenizer
+
+    tokenizer = build_tokenizer("modernbert-llama3")
+    assert not classification_token_comes_last(tokenizer)
+    tokenizer.cls_token = tokenizer.eos_token
+    assert tokenizer("a")["input_ids"][-1] == tokenizer.cls_token_id and not classification_token_comes_last(tokenizer)
+    assert classification_token_comes_last(build_tokenizer("xlnet"))
+    assert not any(classification_token_comes_last(build_tokenizer(family)) for family in ("bert", "roberta", "albert", "modernbert-gemma"))
