@@ -23,6 +23,9 @@ def _load(model_dir: str):
     import models  # registers bertpipe_* with the Auto classes
 
     folder = Path(model_dir)
+    if (folder / "config.yaml").is_file() and not (folder / "metrics.json").is_file() and not (folder / "config.json").is_file():
+        raise ValueError(f"{model_dir} holds no finished run (no metrics.json, no model): its training was interrupted or "
+                         f"failed; finish it with `bertpipe train {folder / 'config.yaml'} train.resume_from_checkpoint=latest`")
     if (folder / "export.json").is_file() or (folder / "adapter_config.json").is_file():
         kind = "an ONNX export (no attention weights come out of it)" if (folder / "export.json").is_file() else \
             "a peft adapter run: fold it into a full model first, `bertpipe merge RUN_DIR`, and draw RUN_DIR/merged"
@@ -47,10 +50,12 @@ def sentence_attentions(model, tokenizer, sentence: str) -> tuple[list[str], lis
         raise ValueError("the sentence is empty: give the text whose attention to draw")
     encoded = tokenizer(sentence, return_tensors="pt", verbose=False)  # a sentence too long is refused below
     # Positions a token can take: RoBERTa-style models skip two; XLNet's -1 (and T5's none) is no limit.
-    positions = usable_positions(model.config)
+    # An encoder-decoder's limit is its encoder's (the sentence goes to the encoder alone).
+    config = model.config.encoder if getattr(model.config, "model_type", None) == "encoder-decoder" else model.config
+    positions = usable_positions(config)
     if positions is not None and encoded["input_ids"].shape[1] > positions:
         raise ValueError(f"the sentence is {encoded['input_ids'].shape[1]} tokens, past the model's {positions} usable positions "
-                         f"(max_position_embeddings={model.config.max_position_embeddings})")
+                         f"(max_position_embeddings={config.max_position_embeddings})")
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
     if getattr(model.config, "is_encoder_decoder", False):
         outputs = model.get_encoder()(

@@ -301,12 +301,22 @@ def _check_merge_out(run_dir: str, out: str | None) -> None:
     weights would overwrite while that run's metrics went on describing its own.
     """
     from pipelines.adapters import MERGED_DIR
+    from pipelines.outputs import is_run_dir
 
     if out is not None:
         check_replaceable_folder(out, "--out")
     if out is None or Path(out).expanduser().resolve() == (Path(run_dir).expanduser() / MERGED_DIR).resolve():
         return
     _check_new_folder("--out", out, "the merged model")
+    # Inside a run (another's merged/, which its export and publish --merged then read as its own, or its checkpoints/):
+    # a folder that did not exist yet passed as new.
+    target = Path(out).expanduser().resolve()
+    for folder in (target, *target.parents):
+        if is_run_dir(folder):
+            raise OutputDirError(
+                f"--out {out} is inside the run {folder}, whose merged/, checkpoints and files are its own: merge into "
+                f"{Path(run_dir) / MERGED_DIR} (the default) or a folder outside every run"
+            )
 
 
 def _check_export_precision(args: argparse.Namespace) -> None:

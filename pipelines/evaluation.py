@@ -129,12 +129,8 @@ def _prepare_finished_run(config: RunConfig, task: Task, run_dir: str, precision
             f"{run_dir} is a training checkpoint of the run {run}, not a finished run: point to {run}, or, if "
             f"its training was interrupted, finish it with `bertpipe train {run / CONFIG_FILE} train.resume_from_checkpoint=latest`"
         )
-    if not (folder / METRICS_FILE).is_file() and not is_export_dir(run_dir):
-        raise OutputDirError(
-            f"{run_dir} holds no finished run (no {METRICS_FILE}): its training was interrupted or failed. Finish it "
-            f"with `bertpipe train {Path(run_dir) / CONFIG_FILE} train.resume_from_checkpoint=latest`, or point to a "
-            f"finished run.{replaced_run_note(folder)}"
-        )
+    if not is_export_dir(run_dir):
+        _refuse_an_unfinished_run(folder)
     accelerator = build_accelerator(config, with_trackers=False, mixed_precision=resolve_inference_precision(precision))
     task.build_tokenizer(None, model_path=run_dir)
     model = task.build_model(None, model_path=run_dir)
@@ -311,11 +307,22 @@ def _precision_name(mixed_precision: str) -> str:
     return "fp32" if mixed_precision == "no" else mixed_precision
 
 
+def _refuse_an_unfinished_run(folder: Path) -> None:
+    """A run folder without ``metrics.json``: its training was interrupted or failed (checkpoints, no model yet)."""
+    if not (folder / METRICS_FILE).is_file():
+        raise OutputDirError(
+            f"{folder} holds no finished run (no {METRICS_FILE}): its training was interrupted or failed. Finish it "
+            f"with `bertpipe train {folder / CONFIG_FILE} train.resume_from_checkpoint=latest`, or point to a "
+            f"finished run.{replaced_run_note(folder)}"
+        )
+
+
 def merge_run(config: RunConfig, task: Task, run_dir: str, out_dir: str | None = None) -> Path:
     """Load an adapter run through the task, fold the adapter in, save a full model + tokenizer.
 
     Writes ``RUN_DIR/merged`` by default; the result loads with Auto classes and ``pipeline()``.
     """
+    _refuse_an_unfinished_run(Path(run_dir))
     if not is_adapter_dir(run_dir):
         raise ModelError(f"{run_dir} holds no peft adapter (no adapter_config.json); it is already a full model")
     tokenizer = task.build_tokenizer(None, model_path=run_dir)

@@ -378,3 +378,20 @@ def test_cli_an_adapter_whose_local_base_changed_since_training_is_refused(tmp_p
     result = run_cli("predict", str(tmp_path / "run"), "--input", str(texts), "--output", str(tmp_path / "after.jsonl"), check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "after.jsonl").exists()
     assert f"adapts the base model in {base}, whose weights or config changed since the adapter was trained" in result.stderr
+
+
+def test_cli_merge_out_inside_another_run_is_refused_and_an_unfinished_run_is_named_so(lora_run, tmp_path):
+    # merge --out OTHER_RUN/merged (not there yet) passed as a new folder: the other run's export and publish --merged
+    # then served this run's weights under its own metrics.
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(lora_run, other, ignore=shutil.ignore_patterns("merged", "checkpoints"))
+    for out in (other / "merged", other / "checkpoints" / "x", lora_run / "elsewhere"):
+        result = run_cli("merge", str(lora_run), "--out", str(out), check=False)
+        assert result.returncode == 2 and "Traceback" not in result.stderr and "is inside the run" in result.stderr, result.stderr
+        assert not out.exists()
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(lora_run, unfinished, ignore=shutil.ignore_patterns("merged", "metrics.json"))
+    result = run_cli("merge", str(unfinished), check=False)
+    assert result.returncode == 2 and "holds no finished run (no metrics.json)" in result.stderr and "already a full model" not in result.stderr

@@ -93,3 +93,25 @@ def test_visualize_refuses_what_it_cannot_draw_and_draws_a_model_without_a_posit
     xlnet = build_family("xlnet", tmp_path / "xlnet")
     tokens, attentions = sentence_attentions(*_load(str(xlnet)), "Marguerite visited Copenhagen")
     assert attentions[0].shape[-2:] == (len(tokens), len(tokens))
+
+
+def test_visualize_a_bert2bert_model_refuses_a_sentence_past_its_encoders_positions_and_an_unfinished_run(tmp_path, tiny_tokenizer_dir):
+    # EncoderDecoderConfig has no max_position_embeddings of its own: the check read "no limit" and the forward failed in a
+    # tensor-size error; an interrupted run (checkpoints, no model) failed on a missing config.json.
+    import pytest
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    sizes = dict(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                 max_position_embeddings=12)
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(**sizes), BertConfig(**sizes, is_decoder=True, add_cross_attention=True))
+    run = tmp_path / "b2b"
+    EncoderDecoderModel(config=config).save_pretrained(run)
+    tokenizer.save_pretrained(run)
+    with pytest.raises(ValueError, match=r"past the model's 12 usable positions \(max_position_embeddings=12\)"):
+        attention_heatmaps(str(run), " ".join(["word"] * 20), str(tmp_path / "long"))
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "checkpoints").mkdir(parents=True)
+    (unfinished / "config.yaml").write_text("task: classification\n")
+    with pytest.raises(ValueError, match=r"holds no finished run .*resume_from_checkpoint=latest"):
+        attention_heatmaps(str(unfinished), SENTENCE, str(tmp_path / "u"))
