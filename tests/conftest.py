@@ -96,6 +96,16 @@ def build_tiny_bert(directory: Path, *, vocab_words: list[str] | None = None) ->
     return directory
 
 
+def resaved_checkpoint(model, checkpoint: Path, folder: Path) -> Path:
+    """``model`` (loaded from ``checkpoint``, then changed: another head class, another dtype) saved into ``folder``
+    beside ``checkpoint``'s tokenizer: a checkpoint as the Hub ships its variants."""
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import cli_env, run_cli, write_config
+from tests.conftest import cli_env, resaved_checkpoint, run_cli, write_config
 from tests.pipelines.fake_hub import FakeHub
 
 TOKEN = "hf_bertpipe_test_token_5f0c2a9e"
@@ -310,15 +310,9 @@ train: {{max_steps: 2, batch_size: 8, mixed_precision: "no", eval_steps: null, s
 
 def _masked_lm_checkpoint(tiny_bert: Path, folder: Path) -> Path:
     """tiny_bert saved as a masked LM: no pooler, which a sequence classifier then initialises at random."""
-    import shutil
-
     from transformers import BertForMaskedLM
 
-    BertForMaskedLM.from_pretrained(tiny_bert).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (tiny_bert / name).is_file():
-            shutil.copy(tiny_bert / name, folder / name)
-    return folder
+    return resaved_checkpoint(BertForMaskedLM.from_pretrained(tiny_bert), tiny_bert, folder)
 
 
 def test_cli_lora_with_modules_to_save_named_still_saves_what_the_checkpoint_lacked(tmp_path, tiny_bert, sentiment_files):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import classification_config, run_cli, sentiment_rows, write_jsonl
+from tests.conftest import classification_config, resaved_checkpoint, run_cli, sentiment_rows, write_jsonl
 
 STEPS = 6
 TRAIN = dict(max_steps=STEPS, save_steps=3, eval_steps=None, mixed_precision="bf16", lr_scheduler="linear", warmup_steps=1,
@@ -93,16 +93,10 @@ def test_cli_bf16_resume_from_a_checkpoint_ends_where_the_run_ended(bf16_run, tm
 
 def bf16_copy(checkpoint: Path, folder: Path) -> Path:
     """``checkpoint`` saved again in bf16 (config.json ``dtype: bfloat16``), as many Hub checkpoints now ship."""
-    import shutil
-
     import torch
     from transformers import AutoModelForMaskedLM
 
-    AutoModelForMaskedLM.from_pretrained(checkpoint).to(torch.bfloat16).save_pretrained(folder)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (checkpoint / name).is_file():
-            shutil.copy(checkpoint / name, folder / name)
-    return folder
+    return resaved_checkpoint(AutoModelForMaskedLM.from_pretrained(checkpoint).to(torch.bfloat16), checkpoint, folder)
 
 
 def test_cli_a_bf16_checkpoint_trains_from_fp32_weights_without_autocast(tmp_path, tiny_bert, scored_files):
