@@ -57,6 +57,10 @@ class Section(BaseModel):
         field = cls.model_fields.get(info.field_name)
         if isinstance(value, bool) and field is not None and _numbers_only(field.annotation):
             raise ValueError(f"{str(value).lower()} is a boolean; this setting takes a number")
+        if isinstance(value, str) and "_" in value and field is not None and _numbers_only(field.annotation):
+            # YAML reads 1_000 as a number itself; a string that reaches here (1_0.5, a typo) pydantic would read
+            # with its underscores dropped, as 10.5.
+            raise ValueError(f"{value!r} is not a number")
         if isinstance(value, list) and field is not None and _list_of_numbers(field.annotation):
             given = next((item for item in value if isinstance(item, bool)), None)
             if given is not None:  # distill.layers=[true, false] copied layers 1 and 0

@@ -413,6 +413,16 @@ def test_config_a_boolean_is_not_a_number(tmp_path):
     assert load_config(write(tmp_path, BASE), ["train.compile=true", "train.eval_on_start=yes"], options_for).train.compile is True
 
 
+def test_config_a_number_with_a_misplaced_underscore_is_refused_not_read_without_it(tmp_path):
+    # YAML reads 1_000 as 1000 itself; `1_0.5` (a typo) stayed a string that pydantic read as 10.5.
+    for override in ("train.learning_rate=1_0.5", "train.batch_size='3_2'", "train.warmup_fraction=0_.1"):
+        key = override.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"bad value for '{re.escape(key)}' in the command line: .*is not a number"):
+            load_config(write(tmp_path, BASE), [override], options_for)
+    config = load_config(write(tmp_path, BASE), ["train.max_steps=1_000", "output_dir=runs/a_b"], options_for)
+    assert config.train.max_steps == 1000
+
+
 class FloatOptions(TaskOptions):
     threshold: float = 0.0
 
