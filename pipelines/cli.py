@@ -517,10 +517,10 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         print(f"bertpipe {args.command}: {stopped}{_WAY_ON_AFTER_A_STOP.get(args.command, _RUN_AGAIN)}", file=sys.stderr)
         return stopped.exit_status
     except Exception as error:
-        if isinstance(error, user_errors()):
+        if isinstance(error, user_errors()) and not _another_process_ended(error):
             message = str(error)
             # A boundary that wrapped the full disk named the file but not what to do; one that said it keeps its words.
-            hint = "" if "free space" in message else _disk_full_hint(args.command, error)
+            hint = "" if "free space" in message.lower() else _disk_full_hint(args.command, error)
             return _report(args.command, message + hint, debug)
         if _another_process_ended(error):
             # This process waited in a collective for one that stopped on its own error and reported it; a
@@ -528,8 +528,10 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
             time.sleep(OTHER_PROCESS_REPORT_DELAY_S)
             if debug:
                 traceback.print_exc()
-            print(f"bertpipe {args.command}: stopped: another process of this run ended first (its own message says why)",
-                  file=sys.stderr)
+            # A process killed from outside (out of memory, kill -9) prints nothing: the launcher's report names its signal.
+            way_on = _RESUME if args.command in ("train", "distill") else ""
+            print(f"bertpipe {args.command}: stopped: another process of this run ended first (its own message says why; "
+                  f"one killed from outside prints none, and the launcher's report gives its exit code){way_on}", file=sys.stderr)
             return 1
         if not isinstance(error, OSError):
             raise
@@ -540,10 +542,12 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
     # Printed once the interrupted frames are gone, so their progress bars have drawn their last line above it.
     if _is_a_machines_other_process():
         return INTERRUPTED_STATUS
-    resume = "; continue from the last complete checkpoint (one per train.save_steps) with train.resume_from_checkpoint=latest"
-    way_on = {"train": resume, "distill": resume, "sweep": _WAY_ON_AFTER_A_STOP["sweep"]}.get(args.command, "")
+    way_on = {"train": _RESUME, "distill": _RESUME, "sweep": _WAY_ON_AFTER_A_STOP["sweep"]}.get(args.command, "")
     print(f"bertpipe {args.command}: interrupted{way_on}", file=sys.stderr)
     return INTERRUPTED_STATUS
+
+
+_RESUME = "; continue from the last complete checkpoint (one per train.save_steps) with train.resume_from_checkpoint=latest"
 
 
 def _disk_full_hint(command: str, error: BaseException) -> str:
@@ -563,13 +567,18 @@ def _disk_full_hint(command: str, error: BaseException) -> str:
 _PEER_ENDED = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
 
 
-def _another_process_ended(error: BaseException) -> bool:
-    """In a launched run of several processes: ``error`` is a collective failing because another process ended."""
-    if int(os.environ.get("WORLD_SIZE") or 1) < 2 or not isinstance(error, RuntimeError):
+def _another_process_ended(error: BaseException | None) -> bool:
+    """In a launched run of several processes: ``error`` is, or was caused by, a collective failing because another
+    process ended (a checkpoint's save wraps the one it waited in: it named this process's checkpoint as the fault)."""
+    if int(os.environ.get("WORLD_SIZE") or 1) < 2:
         return False
     import torch.distributed
 
-    return isinstance(error, torch.distributed.DistError) or any(sign in str(error) for sign in _PEER_ENDED)
+    while error is not None:
+        if isinstance(error, RuntimeError) and (isinstance(error, torch.distributed.DistError) or any(sign in str(error) for sign in _PEER_ENDED)):
+            return True
+        error = error.__cause__ if error.__cause__ is not error else None
+    return False
 
 
 def _is_a_machines_other_process() -> bool:

@@ -12,6 +12,7 @@ Out: a fast tokenizer and a ``PreTrainedModel`` with label maps stored in its co
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -237,6 +238,14 @@ def apply_dropout(config: PretrainedConfig, dropout: float | None) -> None:
             setattr(config, key, dropout)
 
 
+def return_no_layer_caches(config: PretrainedConfig) -> None:
+    """Turn off XLNet's ``use_mems_eval`` (on in every XLNet checkpoint): an evaluation forward then returned one cached
+    state per layer beside the logits, which ``pipeline()`` split as if it held one per row of the batch (an
+    IndexError in any batch larger than the layer count). No task of bertpipe reads them; the run saves the setting."""
+    if getattr(config, "use_mems_eval", False):
+        config.use_mems_eval = False
+
+
 def load_model(
     auto_class: Any,
     model: ModelConfig,
@@ -258,6 +267,7 @@ def load_model(
         with failures_named(ConfigError, f"model.architecture (model.model_type={model.model_type})"):
             config = AutoConfig.for_model(model.model_type, **model.architecture, **label_maps, **extra)
         apply_dropout(config, model.dropout)
+        return_no_layer_caches(config)
         if type(config) not in auto_class._model_mapping:
             # transformers' own message ("Unrecognized configuration class ...") came as a traceback, exit 1.
             raise ConfigError(
@@ -308,6 +318,7 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
     for key, value in {**label_maps, **extra}.items():
         setattr(config, key, value)
     apply_dropout(config, model.dropout)
+    return_no_layer_caches(config)
     if other_head is not None:
         logger.warning(
             "%s has a %s head, whose weights score something else; a new %s head is initialised",
@@ -425,6 +436,12 @@ def freeze_input_embeddings(model: torch.nn.Module) -> int:
     for weight in matrices.values():
         weight.requires_grad_(False)
     return sum(weight.numel() for weight in matrices.values())
+
+
+def parameter_shapes_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's name and shape: two processes that built different models (another label set,
+    another checkpoint) differ in it."""
+    return hashlib.sha256(repr([(name, tuple(parameter.shape)) for name, parameter in model.named_parameters()]).encode()).hexdigest()
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

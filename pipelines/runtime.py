@@ -33,6 +33,7 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DistributedType, ProjectConfiguration
 
 from pipelines.config import ConfigError, RunConfig
+from pipelines.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +265,28 @@ def layer_classes_to_wrap(model: torch.nn.Module) -> list[str]:
                 and any(True for _ in block.parameters()) and type(block).__name__ not in names:
             names.append(type(block).__name__)
     return names
+
+
+def refuse_processes_that_differ(accelerator: Accelerator, digests: dict[str, tuple[str, str]]) -> None:
+    """In a launched run of several processes, end it (every process alike) when one process's ``digests`` differ from
+    the others': ``{"what": (digest, "the settings that named it here")}``, e.g. the training data, the model.
+
+    A machine holding another copy of the data met DDP's shape check as a raw traceback (another label, another head
+    size), or, where the shapes agreed, trained each process on its own data without a word."""
+    if accelerator.num_processes < 2:
+        return
+    from accelerate.utils import gather_object
+
+    everyone = gather_object([{what: digest for what, (digest, _) in digests.items()}])
+    differing = [what for what in digests if len({process.get(what) for process in everyone}) > 1]
+    if differing:
+        others = [str(index) for index, process in enumerate(everyone) if any(process.get(what) != everyone[0][what] for what in differing)]
+        named = " nor the same ".join(f"{what} ({digests[what][1]})" for what in differing)
+        raise DataError(
+            f"the {len(everyone)} processes of this run did not read the same {named}: process {', '.join(others)} read "
+            f"other contents than process 0. Every machine must hold the same files (and the same model), or each process "
+            f"trains on its own"
+        )
 
 
 def wrap_model_layers_for_fsdp(accelerator: Accelerator, model: torch.nn.Module) -> None:

@@ -50,12 +50,15 @@ from pipelines.errors import OutputDirError, RunStopped, TrainingDiverged, failu
 from pipelines.evaluation import evaluate
 from pipelines.first_position import last_layer_at_first_position
 from pipelines.labelled_positions import head_at_labelled_positions
-from pipelines.modeling import WEIGHTS_DTYPE, check_sequence_lengths, check_vocabulary, count_parameters, freeze_input_embeddings
+from pipelines.modeling import (
+    WEIGHTS_DTYPE, check_sequence_lengths, check_vocabulary, count_parameters, freeze_input_embeddings, parameter_shapes_digest,
+)
 from pipelines.optim import LossWeighting, build_optimizer, build_scheduler, clip_gradients, plan_steps
 from pipelines.packing import PackingCollator, check_packing_is_exact, count_samples_and_tokens, packing_probe, position_offset
 from pipelines.preemption import StopNow, StopSignals, stopping_at_once
 from pipelines.runtime import (
-    build_accelerator, check_compile_backend, check_trackers, end_run, resolve_mixed_precision, wrap_model_layers_for_fsdp,
+    build_accelerator, check_compile_backend, check_trackers, end_run, refuse_processes_that_differ, resolve_mixed_precision,
+    wrap_model_layers_for_fsdp,
 )
 from pipelines.task import Task
 
@@ -153,6 +156,14 @@ def _run(
         data = prepare_data(task, config)
     train_features, eval_features = data.train_features, data.eval_features
     model = _build_model(config, task, data)
+    train_data = features_digest(train_features)
+    # Before DDP compares the processes' parameter shapes (a raw traceback when they differ) and before the loop
+    # trains each process on data the others do not have.
+    refuse_processes_that_differ(accelerator, {
+        "training data": (train_data, split_source(config.data, config.data.train_split)),
+        "evaluation data": (features_digest(eval_features), split_source(config.data, config.data.eval_split)),
+        "model": (parameter_shapes_digest(model), f"model.name_or_path={config.model.name_or_path}" if config.model.name_or_path else "model.architecture"),
+    })
     make_autocast_safe(model)  # a family whose transformers code fails under bf16/fp16 autocast (DeBERTa v1)
     if accelerator.device.type == "cpu":
         # torch's CPU dropout draws a double per mask element, serially (pipelines/dropout.py).
@@ -187,7 +198,6 @@ def _run(
     plan = plan_steps(config.train, len(train_loader))
     scheduler = accelerator.prepare(build_scheduler(optimizer, config.train, plan, accelerator.num_processes))
 
-    train_data = features_digest(train_features)
     state = TrainerState(train_data=train_data)
     if resume_folder is not None:
         state = load_checkpoint(accelerator, resume_folder, train_data=train_data, plan=plan)

@@ -49,7 +49,8 @@ sys.path.insert(0, {str(REPO_ROOT)!r})
 from tasks.cli import main
 with open(os.path.join(os.environ["RANKS_DIR"], f"rank-{{os.environ['RANK']}}.json"), "w") as handle:
     json.dump({{"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}}, handle)
-bad_input = {{"typo": ["trian.max_steps=3"], "missing data": ["data.files.train=/nonexistent/train.jsonl"]}}[os.environ["BAD_INPUT"]]
+bad_input = {{"typo": ["trian.max_steps=3"], "missing data": ["data.files.train=/nonexistent/train.jsonl"],
+             "other data": [f"data.files.train={{os.environ['OTHER_TRAIN']}}"]}}[os.environ["BAD_INPUT"]]
 sys.exit(main(["train", *sys.argv[1:], *(bad_input if os.environ["FAILING_RANK"] in ("all", os.environ["RANK"]) else [])]))
 """
 
@@ -359,27 +360,68 @@ def test_cli_two_process_run_stopped_by_a_signal_to_one_process_resumes_to_the_u
         assert (weights[name] - tensor).abs().max().item() <= 1e-6, name
 
 
-@pytest.mark.parametrize("bad_input, failing_rank", [("typo", "all"), ("typo", "1"), ("missing data", "0"), ("missing data", "1")])
+@pytest.mark.parametrize("bad_input, failing_rank", [
+    ("typo", "all"), ("typo", "1"), ("missing data", "0"), ("missing data", "1"), ("other data", "1"),
+])
 def test_cli_two_process_bad_input_is_reported_once(tmp_path, tiny_bert, sentiment_files, bad_input, failing_rank):
     """Every process of a launched run meets the same bad input: one message, not one per process. A process
     whose error is its own alone (rank 1 here, while rank 0 waits for it to join) still reports it. Data missing
     on one machine alone is met after the group formed: the other process, waiting in a collective for the one
-    that stopped, printed a gloo traceback ("Connection closed by peer") beside the message."""
+    that stopped, printed a gloo traceback ("Connection closed by peer") beside the message. A machine holding
+    another copy of the data (a row with a third label) ended in DDP's raw shape-check traceback."""
     script = tmp_path / "train_with_bad_input.py"
     script.write_text(FAILING_TRAIN_SCRIPT)
+    other_train = tmp_path / "other_train.jsonl"
+    other_train.write_text(sentiment_files["train"].read_text() + json.dumps({"sentence": "it was fine", "label": "neutral"}) + "\n")
     config = classification_config(tmp_path, tiny_bert, sentiment_files, mixed_precision="no", torch_num_threads=1)
     process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
-                     "--main_process_port", str(free_port()), FAILING_RANK=failing_rank, BAD_INPUT=bad_input)
+                     "--main_process_port", str(free_port()), FAILING_RANK=failing_rank, BAD_INPUT=bad_input,
+                     OTHER_TRAIN=str(other_train))
     stderr = ended(process, timeout=300)
     assert sorted((r["rank"], r["world_size"]) for r in ranks_of(tmp_path / "ranks")) == [(0, 2), (1, 2)]
     assert stderr.count("bertpipe train: error:") == 1, stderr[-4000:]
     # The launcher's own report (ChildFailedError) has a traceback of its own; a process's would be prefixed by its rank.
     assert not re.search(r"\[rank\d\]: Traceback", stderr) and "RuntimeError" not in stderr, stderr[-4000:]
     expected = {"typo": "unknown key 'trian' in the command line",
-                "missing data": "data.files.train: file /nonexistent/train.jsonl does not exist"}[bad_input]
+                "missing data": "data.files.train: file /nonexistent/train.jsonl does not exist",
+                "other data": f"the 2 processes of this run did not read the same training data (data.files.train: {sentiment_files['train']})"}[bad_input]
     assert expected in stderr, stderr[-4000:]
     # accelerate's launcher ends with its own report and status; it names the process's exit status 2.
     assert process.returncode != 0 and "exitcode  : 2" in stderr, stderr[-4000:]
+
+
+# scripts/train.py with rank 1's own file of each checkpoint (its random states) refused by a full disk.
+CHECKPOINT_FULL_ON_RANK_1_SCRIPT = f"""
+import errno, os, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+import torch
+if os.environ["RANK"] == "1":
+    save = torch.save
+    def full_disk_for_rank_1(obj, f, *args, **kwargs):
+        if "random_states" in str(f):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return save(obj, f, *args, **kwargs)
+    torch.save = full_disk_for_rank_1
+from tasks.cli import main
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def test_cli_two_process_checkpoint_failing_in_one_process_is_reported_once_by_that_process(tmp_path, tiny_bert, sentiment_files):
+    """Process 0, waiting for process 1 at the checkpoint, wrapped the collective's failure as its own checkpoint's
+    ("could not be written (RuntimeError: ... Connection closed by peer ...)"): two errors, the second false."""
+    script = tmp_path / "train_with_a_full_disk_on_rank_1.py"
+    script.write_text(CHECKPOINT_FULL_ON_RANK_1_SCRIPT)
+    config = classification_config(tmp_path, tiny_bert, sentiment_files, mixed_precision="no", torch_num_threads=1,
+                                   max_steps=6, save_steps=3)
+    process = launch(script, config, tmp_path / "ranks", "--num_processes", "2", "--num_machines", "1",
+                     "--main_process_port", str(free_port()))
+    stderr = ended(process, timeout=300)
+    assert process.returncode != 0
+    assert stderr.count("bertpipe train: error:") == 1, stderr[-4000:]
+    assert "random_states_1.pkl" in stderr and "No space left on device" in stderr, stderr[-4000:]
+    assert "Connection closed by peer" not in stderr and not re.search(r"\[rank\d\]: Traceback", stderr), stderr[-4000:]
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.partial")), "half a checkpoint was left behind"
 
 
 def probes_of(folder: Path) -> list[dict]:

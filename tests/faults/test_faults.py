@@ -321,6 +321,21 @@ def test_faults_disk_full_while_checkpointing_keeps_the_complete_checkpoints(cap
 
 
 
+def test_faults_disk_full_at_the_first_checkpoint_says_to_start_again_and_nothing_else(capsys, finished_run, tmp_path, monkeypatch):
+    """With no complete checkpoint, the way on is to start again; the CLI's full-disk hint ("resume with ...latest")
+    was appended after the checkpoint's own "Free space, then start again", which it did not recognise by case."""
+    from accelerate import Accelerator
+
+    def fill_the_disk(self, output_dir=None, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(output_dir) / "model.safetensors"))
+
+    monkeypatch.setattr(Accelerator, "save_state", fill_the_disk)
+    status, stderr = bertpipe_in_process(capsys, "train", finished_run[0], f"output_dir={tmp_path / 'full'}")
+    assert status == 2 and "Traceback" not in stderr
+    assert "no checkpoint of this run is complete" in stderr and "overwrite=true" in stderr, stderr[-2000:]
+    assert "resume_from_checkpoint=latest" not in stderr, stderr[-2000:]
+
+
 def test_faults_ctrl_c_while_checkpointing_is_one_line_and_the_run_resumes(capsys, finished_run, tmp_path, monkeypatch):
     from accelerate import Accelerator
 
