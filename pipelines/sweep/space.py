@@ -145,7 +145,7 @@ def load_space(
         tree, source = default_space(config), f"the default search space of task {config.task!r}"
     else:
         try:
-            tree = read_yaml(space_path)
+            tree = read_yaml(space_path, what="file")  # "search space: file X does not exist", not "config file"
         except ConfigError as error:
             raise SweepError(f"search space: {error}") from None
         source = str(space_path)

@@ -89,6 +89,15 @@ def test_sweep_space_bad_input_names_key_and_file(tmp_path, text, expected):
     assert str(tmp_path / "space.yaml") in str(raised.value)
 
 
+def test_sweep_space_file_missing_is_named_as_the_search_space_not_a_config_file(tmp_path):
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(BASE)
+    config = load_config(config_path, [], options_for)
+    with pytest.raises(SweepError) as raised:
+        load_space(tmp_path / "nope.yaml", config, config_path=config_path, overrides=[], options_for=options_for)
+    assert str(raised.value) == f"search space: file {tmp_path / 'nope.yaml'} does not exist"
+
+
 def test_sweep_space_key_also_fixed_on_command_line_is_an_error(tmp_path):
     with pytest.raises(SweepError, match="train.learning_rate is searched here but also fixed on the command line"):
         space_of(tmp_path, "train.learning_rate: {log_uniform: [1.0e-5, 1.0e-3]}", "train.learning_rate=0.001")
