@@ -159,6 +159,36 @@ def prepared(tmp_path):
     GradientState._reset_state()
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+def test_checkpoint_save_total_limit_keeps_the_newest_complete_checkpoints(prepared, limit):
+    from pipelines.checkpoint import TrainerState, complete_checkpoints, save_checkpoint
+
+    accelerator, folder = prepared
+    run_dir = folder.parent.parent
+    for step in (4, 6, 8):
+        save_checkpoint(accelerator, run_dir, TrainerState(global_step=step), save_total_limit=limit)
+    assert [path.name for path in complete_checkpoints(run_dir)] == ["step-00000006", "step-00000008"][-limit:]
+
+
+def test_checkpoint_saved_at_the_end_of_an_epoch_resumes(prepared):
+    # The loop's state after an epoch's last batch holds batches_in_epoch == batches_per_epoch (the resume starts the
+    # next epoch): the position check must take it, where it refuses a batch past the epoch's end.
+    from pipelines.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+    from pipelines.config import TrainConfig
+    from pipelines.optim import plan_steps
+
+    accelerator, folder = prepared
+    plan = plan_steps(TrainConfig(num_epochs=3), batches_per_epoch=5)
+    at_the_end = save_checkpoint(accelerator, folder.parent.parent, TrainerState(global_step=5, epoch=0, batches_in_epoch=5),
+                                 save_total_limit=None)
+    state = load_checkpoint(accelerator, at_the_end, plan=plan)
+    assert (state.global_step, state.epoch, state.batches_in_epoch) == (5, 0, 5)
+    past_the_end = save_checkpoint(accelerator, folder.parent.parent, TrainerState(global_step=6, epoch=0, batches_in_epoch=6),
+                                   save_total_limit=None)
+    with pytest.raises(CheckpointError, match="cannot be resumed"):
+        load_checkpoint(accelerator, past_the_end, plan=plan)
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_checkpoint_resume_refuses_lost_random_states(prepared, damage):
     # Accelerate's load_state skips random states it cannot read with an info-level log line: the

@@ -24,6 +24,19 @@ def test_optim_fractional_epochs_and_warmup_fraction():
     assert plan_steps(TrainConfig(warmup_steps=500, max_steps=10), 5).warmup_updates == 10
 
 
+def test_optim_warmup_fraction_rounds_up_as_the_trainer_does():
+    # 0.1 of 18 updates is 1.8: two warmup updates (a short warmup rounded down would become none at all).
+    assert plan_steps(TrainConfig(max_steps=18, warmup_fraction=0.1), batches_per_epoch=5).warmup_updates == 2
+    assert plan_steps(TrainConfig(max_steps=5, warmup_fraction=0.01), batches_per_epoch=5).warmup_updates == 1
+
+
+def test_optim_adamw_takes_the_configs_betas_epsilon_and_learning_rate():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    train = TrainConfig(adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-7, learning_rate=0.01)
+    for group in build_optimizer(model, train).param_groups:
+        assert (group["betas"], group["eps"], group["lr"]) == ((0.8, 0.95), 1e-7, 0.01)
+
+
 def test_optim_an_epoch_ends_with_a_partial_accumulation():
     # 10 batches at 4 per update: updates after batches 4, 8 and the epoch's last (2 batches).
     plan = plan_steps(TrainConfig(num_epochs=2, gradient_accumulation_steps=4), batches_per_epoch=10)
