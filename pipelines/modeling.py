@@ -246,6 +246,20 @@ def return_no_layer_caches(config: PretrainedConfig) -> None:
         config.use_mems_eval = False
 
 
+def keep_fixed_what_the_family_keeps_fixed(model: PreTrainedModel) -> PreTrainedModel:
+    """Freeze again the parameters the model's class freezes when it builds one: transformers 5's ``from_pretrained``
+    returns them trainable. Marian's and Pegasus's sinusoidal position tables were trained; Marian's, which
+    ``save_pretrained`` leaves out, were then computed afresh at every load, so a run's final metrics scored other
+    tables than ``evaluate``, ``predict`` and ``pipeline()`` load. Built on the meta device: no memory, no weights."""
+    with torch.device("meta"):
+        built = type(model)(model.config)
+    fixed = {name for name, parameter in built.named_parameters() if not parameter.requires_grad}
+    for name, parameter in model.named_parameters():
+        if name in fixed:
+            parameter.requires_grad_(False)
+    return model
+
+
 def load_model(
     auto_class: Any,
     model: ModelConfig,
@@ -305,7 +319,7 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
         if not head_kinds(merged.config):  # MLM, translation: no task head to carry over
             # peft froze the base weights; they stay frozen through the merge, and a full fine-tune (or a
             # new adapter, which freezes what it needs) starts from a model whose weights all train.
-            return merged.requires_grad_(True)
+            return keep_fixed_what_the_family_keeps_fixed(merged.requires_grad_(True))
         # Training from an adapter run starts from its merged weights, whose head is carried over as a
         # full checkpoint's is: rows matched to our labels, or a new head of our kind and size.
         config, weights = merged.config, {"pretrained_model_name_or_path": None, "state_dict": merged.state_dict()}
@@ -335,6 +349,7 @@ def _load_pretrained(auto_class, model: ModelConfig, location: str, source: str,
         config=config, ignore_mismatched_sizes=mismatched_head or other_head is not None, output_loading_info=True,
         dtype=WEIGHTS_DTYPE, **weights,
     )
+    keep_fixed_what_the_family_keeps_fixed(loaded)
     initialized = []
     if other_head is not None:
         initialized = reinitialize_head(loaded)

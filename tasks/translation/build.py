@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderModel,
 from pipelines.config import ConfigError
 from pipelines.errors import ModelError
 from pipelines.hub import resolve_model
-from pipelines.modeling import WEIGHTS_DTYPE, apply_dropout, load_model, load_tokenizer, usable_positions
+from pipelines.modeling import WEIGHTS_DTYPE, apply_dropout, keep_fixed_what_the_family_keeps_fixed, load_model, load_tokenizer, usable_positions
 from pipelines.outputs import is_run_dir
 from tasks.translation.generation import tokenizer_lowercases
 from tasks.translation.model import (
@@ -40,6 +40,17 @@ warnings.filterwarnings("ignore", message="Version v4.12.0 introduces a better w
 
 logger = logging.getLogger(__name__)
 
+
+
+def language_codes(tokenizer) -> list[str]:
+    """The language codes ``src_lang``/``tgt_lang`` may name: a tokenizer's ``lang_code_to_id`` table (mBART, M2M100,
+    whose codes name a language: ``de`` for the token ``__de__``), else its special tokens beyond the usual ones
+    (NLLB's ``deu_Latn``); none for a tokenizer without language tokens (BERT, T5, Marian)."""
+    table = getattr(tokenizer, "lang_code_to_id", None)
+    if table:
+        return list(table)
+    usual = {getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")}
+    return [token for token in tokenizer.all_special_tokens if token not in usual]
 
 class TranslationModelBuilding:
     """The model-building half of ``TranslationTask`` (``_plan``, ``build_tokenizer``, ``build_model``)."""
@@ -117,23 +128,21 @@ class TranslationModelBuilding:
         return tokenizer
 
     def _set_language_codes(self, tokenizer, source: str) -> None:
-        """mBART-style ``src_lang``/``tgt_lang`` on the tokenizer, each checked: a code the tokenizer does not
-        know (``en_xx`` for ``en_XX``) becomes its unknown token in every source, label and decoder start."""
+        """mBART-style ``src_lang``/``tgt_lang`` on the tokenizer, each checked against the tokenizer's language codes: a
+        mistyped one (``en_xx`` for ``en_XX``) became its unknown token in every source, label and decoder start, and
+        one that is an ordinary piece of its vocabulary (``de`` for ``de_DE``) was taught and generated as a word."""
+        codes = language_codes(tokenizer)
         for key, as_target in (("src_lang", False), ("tgt_lang", True)):
             code = getattr(self.options, key)
             if not code:
                 continue
-            try:
-                setattr(tokenizer, key, code)
-                # An empty text is encoded as the language code and the end token alone.
-                ids = tokenizer(text_target="")["input_ids"] if as_target else tokenizer("")["input_ids"]
-            except (KeyError, ValueError) as error:  # M2M100-style tokenizers look the code up themselves
-                raise ConfigError(f"translation.{key}={code!r} is not a language code of the tokenizer of {source!r}: {error}") from None
-            if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
+            if code not in codes:
+                known = f"it has {len(codes)}, e.g. {', '.join(codes[:4])}" if codes else "it has none"
                 raise ConfigError(
-                    f"translation.{key}={code!r} is not a language code of the tokenizer of {source!r}: it encodes as the "
-                    f"unknown token {tokenizer.unk_token!r} (codes are case-sensitive, e.g. en_XX)"
+                    f"translation.{key}={code!r} is not a language code of the tokenizer of {source!r} ({known}; codes are "
+                    "case-sensitive)"
                 )
+            setattr(tokenizer, key, code)
 
     def _special_ids(self) -> dict[str, int]:
         """BERT2BERT: [CLS] starts the decoder, [SEP] ends it (BOS/EOS for tokenizers without them)."""
@@ -164,7 +173,9 @@ class TranslationModelBuilding:
         location = resolve_model(model_cfg.name_or_path)
         config = AutoConfig.from_pretrained(location, revision=model_cfg.revision)
         apply_dropout(config, model_cfg.dropout)
-        model = AutoModelForSeq2SeqLM.from_pretrained(location, config=config, revision=model_cfg.revision, dtype=WEIGHTS_DTYPE)
+        model = keep_fixed_what_the_family_keeps_fixed(
+            AutoModelForSeq2SeqLM.from_pretrained(location, config=config, revision=model_cfg.revision, dtype=WEIGHTS_DTYPE)
+        )
         if model.config.decoder_start_token_id is None and self.options.tgt_lang:
             model.config.decoder_start_token_id = self._language_code_id(self.options.tgt_lang)
         return model
@@ -196,6 +207,7 @@ class TranslationModelBuilding:
             )
         except ValueError as error:  # e.g. a decoder class without cross-attention
             raise ModelError(f"cannot build an encoder-decoder from {encoder!r} and {decoder!r}: {error}") from None
+        keep_fixed_what_the_family_keeps_fixed(model)
         for key, value in self._special_ids().items():
             setattr(model.config, key, value)
         model.config.vocab_size = model.config.decoder.vocab_size
