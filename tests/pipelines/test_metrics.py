@@ -30,6 +30,8 @@ def test_metrics_classification_modules_agree_with_sklearn():
 def test_metrics_hand_made_binary_values():
     result = load_metric("f1").compute(predictions=[1, 1, 0, 0], references=[1, 0, 1, 0])
     assert result["f1"] == pytest.approx(0.5)
+    # The default is the positive class's F1 (every two-label run's eval_f1), not the macro average (0.7333 here).
+    assert load_metric("f1").compute(predictions=[1, 1, 1, 0], references=[1, 0, 1, 0])["f1"] == pytest.approx(0.8)
     assert load_metric("accuracy").compute(predictions=[1, 1, 0, 1], references=[1, 0, 0, 1])["accuracy"] == 0.75
 
 

@@ -29,6 +29,7 @@ from tasks.mlm import (
     masked_lm_metrics,
     number_words,
     pack_blocks,
+    random_token_ids,
     special_template,
     split_documents,
     train_wordpiece_tokenizer,
@@ -265,6 +266,14 @@ def test_mlm_trained_tokenizer_has_the_special_tokens():
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"])
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "[MASK]" in tokens and "the" in tokens
     assert len(tokenizer) <= 120
+
+
+def test_mlm_random_replacements_are_drawn_from_every_token_but_the_special_ones():
+    # The 10% of targets replaced by a random token must never become [MASK], [CLS], [PAD]...: the model would learn
+    # to predict a word where the input shows a special token.
+    tokenizer = train_wordpiece_tokenizer(corpus_sentences(200), vocab_size=120, lowercase=True, min_frequency=1, model_max_length=64)
+    pool = set(random_token_ids(tokenizer).tolist())
+    assert pool == set(range(len(tokenizer))) - set(tokenizer.all_special_ids) and tokenizer.mask_token_id not in pool
 
 
 # ----- metrics and evaluation -------------------------------------------------------------------

@@ -469,6 +469,8 @@ def test_qa_postprocess_groups_windows_by_example():
 def test_qa_metric_normalisation_and_f1_by_hand():
     assert normalize_answer("The  Cat, sat!  ") == "cat sat"
     assert normalize_answer("an Apple a day") == "apple day"
+    # The official order: punctuation out first, then articles ("the-cat" is one word, "thecat", not "cat").
+    assert normalize_answer("the-cat") == "thecat" and normalize_answer("a.m. show") == "am show"
     assert f1_score("the cat sat", "a cat sat down") == pytest.approx(0.8)  # P 2/2, R 2/3
     assert f1_score("", "") == 1.0 and f1_score("cat", "") == 0.0
 
@@ -485,6 +487,8 @@ def test_qa_squad_metric_on_hand_made_predictions():
         references=[{"id": k, "answers": {"text": v, "answer_start": [0] * len(v)}} for k, v in references.items()],
     )
     assert module == pytest.approx(scores)
+    # A question without a prediction scores 0: the mean is over the references, as the official script takes it.
+    assert squad_v1_scores({"1": "cat"}, {"1": ["cat"], "2": ["dog"]}) == {"exact_match": pytest.approx(50.0), "f1": pytest.approx(50.0)}
 
 
 def test_qa_squad_v2_metric_splits_and_best_threshold():

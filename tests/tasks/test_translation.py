@@ -442,6 +442,11 @@ def test_translation_sacrebleu_module_matches_sacrebleu():
     assert two["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES, SECOND_REFERENCES]).score)
     perfect = metric.compute(predictions=REFERENCES, references=[[r] for r in REFERENCES])
     assert perfect["score"] == pytest.approx(100.0)
+    # No 3- or 4-gram in common: the score is the smoothing's (sacrebleu's default, exp), 0 or another value under others.
+    unsmoothed = metric.compute(predictions=["a cat sat here"], references=[["the cat sat there"]])
+    assert unsmoothed["score"] > 0
+    assert unsmoothed["score"] == pytest.approx(sacrebleu.corpus_bleu(["a cat sat here"], [["the cat sat there"]]).score)
+    assert "smooth:exp" in unsmoothed["signature"]
 
 
 def test_translation_chrf_module_matches_sacrebleu():
