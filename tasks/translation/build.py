@@ -41,7 +41,6 @@ warnings.filterwarnings("ignore", message="Version v4.12.0 introduces a better w
 logger = logging.getLogger(__name__)
 
 
-
 def language_codes(tokenizer) -> list[str]:
     """The language codes ``src_lang``/``tgt_lang`` may name: a tokenizer's ``lang_code_to_id`` table (mBART, M2M100,
     whose codes name a language: ``de`` for the token ``__de__``), else its special tokens beyond the usual ones
@@ -51,6 +50,7 @@ def language_codes(tokenizer) -> list[str]:
         return list(table)
     usual = {getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")}
     return [token for token in tokenizer.all_special_tokens if token not in usual]
+
 
 class TranslationModelBuilding:
     """The model-building half of ``TranslationTask`` (``_plan``, ``build_tokenizer``, ``build_model``)."""
@@ -132,7 +132,7 @@ class TranslationModelBuilding:
         mistyped one (``en_xx`` for ``en_XX``) became its unknown token in every source, label and decoder start, and
         one that is an ordinary piece of its vocabulary (``de`` for ``de_DE``) was taught and generated as a word."""
         codes = language_codes(tokenizer)
-        for key, as_target in (("src_lang", False), ("tgt_lang", True)):
+        for key in ("src_lang", "tgt_lang"):
             code = getattr(self.options, key)
             if not code:
                 continue
