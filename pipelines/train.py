@@ -157,13 +157,14 @@ def _run(
     train_features, eval_features = data.train_features, data.eval_features
     model = _build_model(config, task, data)
     train_data = features_digest(train_features)
-    # Before DDP compares the processes' parameter shapes (a raw traceback when they differ) and before the loop
-    # trains each process on data the others do not have.
-    refuse_processes_that_differ(accelerator, {
-        "training data": (train_data, split_source(config.data, config.data.train_split)),
-        "evaluation data": (features_digest(eval_features), split_source(config.data, config.data.eval_split)),
-        "model": (parameter_shapes_digest(model), f"model.name_or_path={config.model.name_or_path}" if config.model.name_or_path else "model.architecture"),
-    })
+    if accelerator.num_processes > 1:
+        # Before DDP compares the processes' parameter shapes (a raw traceback when they differ) and before the loop
+        # trains each process on data the others do not have.
+        refuse_processes_that_differ(accelerator, {
+            "training data": (train_data, split_source(config.data, config.data.train_split)),
+            "evaluation data": (features_digest(eval_features), split_source(config.data, config.data.eval_split)),
+            "model": (parameter_shapes_digest(model), f"model.name_or_path={config.model.name_or_path}" if config.model.name_or_path else "model.architecture"),
+        })
     make_autocast_safe(model)  # a family whose transformers code fails under bf16/fp16 autocast (DeBERTa v1)
     if accelerator.device.type == "cpu":
         # torch's CPU dropout draws a double per mask element, serially (pipelines/dropout.py).
