@@ -233,6 +233,17 @@ def test_modeling_ia3_trains_scaling_vectors_and_head(tmp_path):
     assert all("ia3_l" in name or "modules_to_save" in name for name in trainable)
 
 
+def test_modeling_ia3_on_hand_named_attention_modules_scales_their_outputs(tmp_path):
+    # The default feed-forward modules (output.dense) are not among the named ones; peft refuses feedforward_modules
+    # outside target_modules, so none are passed: query and value are scaled on their outputs.
+    base_dir = save_base(tmp_path / "base", "seq-cls")
+    model = load_model(AutoModelForSequenceClassification, ModelConfig(name_or_path=str(base_dir)), label_maps=label_maps(3))
+    wrapped = apply_peft(model, PeftConfig(method="ia3", target_modules=["query", "value"]), "SEQ_CLS", base_model_name_or_path=str(base_dir))
+    scaled = {name.split(".ia3_l")[0].rsplit(".", 1)[-1] for name, _ in wrapped.named_parameters() if "ia3_l" in name}
+    assert scaled == {"query", "value"}
+    assert not wrapped.peft_config["default"].feedforward_modules
+
+
 def train_two_steps(wrapped, batch) -> None:
     optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-2)
     wrapped.train()

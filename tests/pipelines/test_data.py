@@ -49,6 +49,16 @@ def test_data_sampling_and_held_out_split(tmp_path):
     assert len(splits["train"]) == 4 and len(splits["validation"]) == 3
 
 
+def test_data_held_out_rows_follow_the_seed(tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", [{"text": f"sentence {i}", "label": "a" if i % 2 else "b"} for i in range(40)])
+    data = DataConfig(files={"train": str(train)}, validation_fraction=0.25)
+
+    def held_out(seed: int) -> list[str]:
+        return finalize_splits(load_raw(data), data, seed=seed)["validation"]["text"]
+
+    assert held_out(42) == held_out(42) and held_out(42) != held_out(7)
+
+
 def test_data_held_out_share_with_an_eval_split_of_its_own_is_unused_and_says_so(tmp_path, caplog):
     # The saved config records the fraction: the log says no row was held out.
     train, valid = write_rows(tmp_path / "train.jsonl", ROWS), write_rows(tmp_path / "valid.jsonl", ROWS[:3])

@@ -317,6 +317,23 @@ def test_distill_one_label_multi_label_head_learns_sigmoid_targets_at_the_temper
     assert float(regression) == pytest.approx(float(((student - teacher) ** 2).mean()), rel=1e-6)
 
 
+def test_distill_token_loss_reads_the_labelled_pieces_only():
+    """Per token, the soft targets are compared at the pieces that carry a label (continuation pieces and special tokens
+    are -100), not at every attended token."""
+    from types import SimpleNamespace
+
+    from pipelines.distill import distillation_loss
+
+    generator = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(2, 6, 5, generator=generator), torch.randn(2, 6, 5, generator=generator)
+    labels = torch.tensor([[-100, 1, -100, 2, 0, -100], [-100, 3, 4, -100, -100, -100]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    batch = {"labels": labels, "attention_mask": attention}
+    loss = distillation_loss(SimpleNamespace(logits=student), SimpleNamespace(logits=teacher), batch, SimpleNamespace(problem_type=None), 2.0)
+    assert float(loss) == pytest.approx(float(soft_target_kl(student, teacher, 2.0, labels != -100)), rel=1e-6)
+    assert float(loss) != pytest.approx(float(soft_target_kl(student, teacher, 2.0, attention.bool())), rel=1e-3)
+
+
 def test_distill_ner_student_labelling_every_piece_from_a_first_piece_teacher_is_refused(tmp_path):
     """Soft targets are read at the labelled pieces: a teacher trained on first pieces only gave two thirds of them
     from continuation pieces it never trained on, with exit status 0."""

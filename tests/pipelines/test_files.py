@@ -108,3 +108,11 @@ def test_files_a_json_escape_of_half_a_surrogate_pair_names_the_line_and_key(tmp
     listed.write_text('[{"tokens": ["Rome"], "tags": ["B-LOC"]}, {"tokens": ["Alice", "\\ud83d"], "tags": ["B-PER", "O"]}]')
     with pytest.raises(DataError, match=rf"{listed}: \[1\].tokens\[1\] holds"):
         read_json_rows(listed)
+
+
+def test_files_json_lines_of_spaces_or_crlf_alone_are_blank_not_records():
+    from pipelines.files import json_records
+
+    # The file's own line numbers are kept, so a message about record 3 names line 5.
+    text = '{"a":1}\n   \n{"a":2}\r\n\r\n{"a":3}'
+    assert [(number, record["a"]) for number, record in json_records(text, "f.jsonl")] == [(1, 1), (3, 2), (5, 3)]

@@ -696,6 +696,27 @@ def test_ner_pipeline_transformers_aggregations_give_whole_graphemes(tmp_path, t
         assert jose["word"] == "Jose\u0301", strategy
 
 
+def test_ner_pipeline_words_aggregation_leaves_out_the_labels_the_caller_ignores(tmp_path, tiny_bert):
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
+
+    import tasks.ner  # noqa: F401  (registers bertpipe's pipeline("token-classification"))
+
+    labels = ["O", "B-PER", "I-PER"]
+    model = AutoModelForTokenClassification.from_pretrained(
+        tiny_bert, id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)}
+    )
+    model.config.task_specific_params = {"token-classification": {"aggregation_strategy": "words", "max_seq_length": 24, "stride": 8}}
+    with torch.no_grad():  # every piece B-PER
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([0.0, 5.0, 0.0]))
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path)
+    tagger = pipeline("token-classification", model=str(tmp_path))
+    assert {entity["entity_group"] for entity in tagger("alice met bob")} == {"PER"}
+    assert tagger("alice met bob", ignore_labels=["PER"]) == []
+
+
 def test_ner_a_word_of_spaces_alone_neither_makes_nor_bounds_an_entity():
     # A word list holding " " or an NBSP (byte-level BPE gives it a piece, so the model tags it): ('LOC', ' ') came out
     # as an entity, and a B- on such a word before a name put the space into the entity's span.

@@ -223,6 +223,9 @@ def test_qa_answer_token_span_on_hand_made_offsets():
     assert answer_token_span(offsets, 3, 8, cls_index=0) == (4, 5)
     assert answer_token_span(offsets, 0, 2, cls_index=0) == (3, 3)
     assert answer_token_span(offsets, 6, 12, cls_index=0) == (0, 0)  # runs past the window's end
+    # "(paris)": the answer touches the pieces before and after it; neither belongs to the span.
+    touching = [None, None, None, [0, 1], [1, 6], [6, 7], None]
+    assert answer_token_span(touching, 1, 6, cls_index=0) == (4, 4)
 
 
 def label_windows(tokenizer, context: str, answer: str, start: int | None, **window) -> list[str | None]:
