@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from pipelines.config import DataConfig
-from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_columns
+from pipelines.data import KeyedOnCode, finalize_splits, load_raw, require_columns, row_list
 from pipelines.errors import DataError
 from pipelines.files import read_inputs
 
@@ -47,6 +47,11 @@ def test_data_sampling_and_held_out_split(tmp_path):
     data = DataConfig(files={"train": str(train)}, validation_fraction=0.3, max_train_samples=4)
     splits = finalize_splits(load_raw(data), data, seed=0)
     assert len(splits["train"]) == 4 and len(splits["validation"]) == 3
+
+
+def test_data_row_lists_count_from_one_and_say_how_many_more():
+    assert row_list([0, 4, 9]) == "1, 5, 10"
+    assert row_list(list(range(8)), shown=3) == "1, 2, 3 and 5 more"
 
 
 def test_data_held_out_rows_follow_the_seed(tmp_path):

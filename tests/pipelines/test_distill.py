@@ -580,6 +580,23 @@ def test_distill_into_its_own_teacher_is_refused_naming_both_keys_without_the_co
     assert "(got" not in message and "(top level)" not in message and "learning_rate" not in message, message
 
 
+def test_distill_loss_weighs_the_soft_targets_by_alpha_and_the_task_loss_by_one_minus_alpha():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from pipelines.distill import DistillationModel
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    student, teacher = BertForSequenceClassification(config), BertForSequenceClassification(config)
+    batch = {"input_ids": torch.randint(5, 50, (3, 7)), "attention_mask": torch.ones(3, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 1])}
+    alone, taught = student(**batch), teacher(**batch)
+    expected = 0.25 * soft_target_kl(alone.logits, taught.logits, 2.0) + 0.75 * alone.loss
+    loss = DistillationModel(student, teacher, alpha=0.25, temperature=2.0).train()(**batch).loss
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+
+
 @pytest.mark.parametrize("alpha, hidden_weight, teacher_runs", [(0.0, 0.0, False), (0.0, 0.5, True), (0.5, 0.0, True)])
 def test_distill_alpha_zero_without_hidden_states_trains_on_the_task_loss_without_the_teacher(alpha, hidden_weight, teacher_runs):
     """alpha=0 (a sweep's baseline) multiplied the teacher's KL by 0: its forward was thrown away, and a teacher giving
