@@ -517,11 +517,6 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
         print(f"bertpipe {args.command}: {stopped}{_WAY_ON_AFTER_A_STOP.get(args.command, _RUN_AGAIN)}", file=sys.stderr)
         return stopped.exit_status
     except Exception as error:
-        if isinstance(error, user_errors()) and not _another_process_ended(error):
-            message = str(error)
-            # A boundary that wrapped the full disk named the file but not what to do; one that said it keeps its words.
-            hint = "" if "free space" in message.lower() else _disk_full_hint(args.command, error)
-            return _report(args.command, message + hint, debug)
         if _another_process_ended(error):
             # This process waited in a collective for one that stopped on its own error and reported it; a
             # traceback here would be a second, misleading error. The launcher usually ends this one first.
@@ -533,6 +528,11 @@ def main(argv: Sequence[str] | None = None, *, get_task: TaskLookup) -> int:
             print(f"bertpipe {args.command}: stopped: another process of this run ended first (its own message says why; "
                   f"one killed from outside prints none, and the launcher's report gives its exit code){way_on}", file=sys.stderr)
             return 1
+        if isinstance(error, user_errors()):
+            message = str(error)
+            # A boundary that wrapped the full disk named the file but not what to do; one that said it keeps its words.
+            hint = "" if "free space" in message.lower() else _disk_full_hint(args.command, error)
+            return _report(args.command, message + hint, debug)
         if not isinstance(error, OSError):
             raise
         # The last resort for the machine saying no where no boundary did (a full disk while saving, a

@@ -272,9 +272,8 @@ def refuse_processes_that_differ(accelerator: Accelerator, digests: dict[str, tu
     the others': ``{"what": (digest, "the settings that named it here")}``, e.g. the training data, the model.
 
     A machine holding another copy of the data met DDP's shape check as a raw traceback (another label, another head
-    size), or, where the shapes agreed, trained each process on its own data without a word."""
-    if accelerator.num_processes < 2:
-        return
+    size), or, where the shapes agreed, trained each process on its own data without a word. (Alone, a process meets
+    only itself; the caller skips the digests then.)"""
     from accelerate.utils import gather_object
 
     everyone = gather_object([{what: digest for what, (digest, _) in digests.items()}])
